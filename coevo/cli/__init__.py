@@ -1,0 +1,22 @@
+"""The `coevo` command line.
+
+Each command group lives in its own module and imports heavy libraries (torch, pyserini,
+prefect) only inside its commands, so `coevo --help` answers at once.
+"""
+
+import typer
+
+from coevo.cli import baseline, data, run, train
+
+app = typer.Typer(
+    name="coevo",
+    help="Train retrievers with retrieval feedback: CoGR, GRAPE and CoHyDE on one pipeline.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(data.app, name="data")
+app.add_typer(baseline.app, name="baseline")
+app.add_typer(train.app, name="train")
+app.add_typer(run.app, name="run")
+run.register_top_level(app)  # `coevo demo`, `coevo ui`
