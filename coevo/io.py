@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Path]:
@@ -26,10 +29,13 @@ def atomic_path(dest: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
     dest.parent.mkdir(parents=True, exist_ok=True)
     if is_dir:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+        os.chmod(tmp, 0o777 & ~_UMASK)
     else:
         fd, name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
         os.close(fd)
         tmp = Path(name)
+        # mkstemp creates 0600; artifacts get the usual umask-based mode instead.
+        os.chmod(tmp, 0o666 & ~_UMASK)
     try:
         yield tmp
         if is_dir:

@@ -37,3 +37,12 @@ def test_read_json_errors_name_the_file(tmp_path):
         io.read_json(bad)
     with pytest.raises(FileNotFoundError, match="absent.json"):
         io.read_json(tmp_path / "absent.json")
+
+
+def test_artifacts_get_umask_mode_not_0600(tmp_path):
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    path = io.write_text(tmp_path / "a.txt", "x")
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask

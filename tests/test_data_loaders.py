@@ -1,0 +1,362 @@
+"""Loaders: the committed samples and fixtures always; the full public sets when ../shared/data exists."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from coevo.data.loaders import LOADERS, load_source
+from coevo.data.schema import SPLITS
+from tests.conftest import REPO_ROOT, SAMPLE_DIR, shared_data
+
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
+
+
+def make_image_captions(root: Path, n_images: int = 6) -> Path:
+    """A Flickr8k-CN-shaped folder: captions.tsv + real (tiny) JPEGs."""
+    from PIL import Image
+
+    (root / "images").mkdir(parents=True)
+    rows = ["image\tsplit\tlang\tidx\tcaption"]
+    splits = ["train", "train", "train", "val", "test", ""]
+    for n in range(n_images):
+        name = f"{1000 + n}_abc.jpg"
+        Image.new("RGB", (8, 8), (n * 40 % 256, 80, 160)).save(root / "images" / name)
+        for idx in range(2):
+            rows.append(f"{name}\t{splits[n % len(splits)]}\ten\t{idx}\tA dog number {n} runs , take {idx} .")
+            rows.append(f"{name}\t{splits[n % len(splits)]}\tzh\t{idx}\t一只狗在跑{n}-{idx}。")
+    (root / "captions.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root
+
+
+# ------------------------------------------------------------------------------------ happy paths
+def test_all_loaders_registered():
+    assert set(LOADERS) == {"metatool", "stabletoolbench", "wands", "beir", "image_captions"}
+
+
+def test_metatool_sample():
+    ds = load_source("metatool", SAMPLE_DIR / "metatool")
+    assert len(ds.items) == 40
+    assert 300 <= len(ds.queries) <= 400
+    assert set(ds.queries["group"]) == {"all_clean_data", "multi_tool_query_golden"}
+    counts = ds.queries["split"].value_counts()
+    assert counts["train"] > 200 and 80 <= counts["val"] + counts["test"] <= 130
+    # multi-tool queries have both their tools as relevant items
+    multi = ds.queries[ds.queries["group"] == "multi_tool_query_golden"]["query_id"]
+    relevant = ds.relevant()
+    assert all(len(relevant[q]) == 2 for q in multi)
+    assert ds.grades == (1,)
+    # every qrel names a tool of the corpus, every text is non-empty
+    assert set(ds.qrels["item_id"]) <= set(ds.items["item_id"])
+    assert ds.queries["text"].str.strip().ne("").all()
+
+
+def test_metatool_query_listed_with_two_tools_is_one_query(tmp_path):
+    src = tmp_path / "mt"
+    src.mkdir()
+    (src / "all_clean_data.csv").write_text(
+        "Query,Tool\nBook a table for two,ToolA\nBook a table for two,ToolB\n\"Weather, tomorrow?\",ToolB\n"
+    )
+    (src / "plugin_des.json").write_text(json.dumps({"ToolA": "Restaurants.", "ToolB": "Weather and bookings.", "ToolC": ""}))
+    ds = load_source("metatool", src)
+    assert len(ds.queries) == 2
+    rel = ds.relevant()
+    qid = ds.queries.set_index("text").loc["Book a table for two", "query_id"]
+    assert rel[qid] == {"ToolA": 1, "ToolB": 1}
+    assert list(ds.items["item_id"]) == ["ToolA", "ToolB", "ToolC"]  # ToolC: never relevant, still an item
+    assert ds.item_text("ToolA") == "ToolA: Restaurants." and ds.item_text("ToolC") == "ToolC"
+
+
+def test_metatool_without_multi_tool_option():
+    ds = load_source("metatool", SAMPLE_DIR / "metatool", include_multi_tool=False)
+    assert set(ds.queries["group"]) == {"all_clean_data"}
+
+
+def test_stabletoolbench_sample():
+    ds = load_source("stabletoolbench", SAMPLE_DIR / "stabletoolbench")
+    assert len(ds.queries) == 90
+    groups = ds.queries.groupby("group")["split"].value_counts().unstack(fill_value=0)
+    assert len(groups) == 6
+    assert (groups["val"] > 0).all() and (groups["test"] > 0).all() and (groups["train"] > 0).all()
+    for column in ("category", "tool_name", "api_name", "api_description", "tool_description", "parameters"):
+        assert column in ds.items.columns
+    row = ds.items.iloc[0]
+    assert row["item_id"] == f"{row['tool_name']}::{row['api_name']}"
+    params = json.loads(row["parameters"])
+    assert set(params) == {"required", "optional"}
+    assert ds.items["title"].str.strip().ne("").all()  # empty descriptions keep their names
+    assert set(ds.qrels["item_id"]) <= set(ds.items["item_id"])
+
+
+def test_wands_fixture():
+    ds = load_source("wands", FIXTURES / "wands")
+    assert ds.grades == (0, 1, 2)
+    assert len(ds.items) == 12 and len(ds.queries) == 8 and len(ds.qrels) == 22
+    assert dict(ds.qrels["grade"].value_counts()) == {0: 11, 2: 8, 1: 3}
+    assert ds.items.set_index("item_id").loc["3", "text"] == ""
+    assert pd.isna(ds.items.set_index("item_id").loc["2", "average_rating"])
+    assert ds.items.set_index("item_id").loc["0", "category"] == "Beds"
+    # query 5 has only Irrelevant judgements: it never lands in val/test
+    assert ds.queries.set_index("query_id").loc["5", "split"] == "train"
+    assert ds.relevant(min_grade=2)["1"] == {"4": 2}
+    assert ds.relevant()["1"] == {"4": 2, "3": 1}
+
+
+def test_beir_fixture():
+    ds = load_source("beir", FIXTURES / "beir")
+    assert dict(zip(ds.queries["query_id"], ds.queries["split"])) == {
+        "q1": "train", "q2": "val", "q3": "test", "q4": "train", "q5": "train",
+    }
+    assert ds.meta["unjudged_queries_dropped"] == 1
+    assert ds.items.set_index("item_id").loc["d3", "title"].startswith("Regular exercise lowers")
+    assert ds.grades == (0, 1, 2)
+
+
+def test_image_captions(tmp_path):
+    src = make_image_captions(tmp_path / "flickr")
+    ds = load_source("image_captions", src)
+    assert len(ds.items) == 6 and len(ds.queries) == 24
+    assert Path(ds.items["image_path"].iloc[0]).is_file()
+    assert ds.queries["query_id"].iloc[0] == "1000_abc.jpg#en#0"
+    assert set(ds.queries["lang"]) == {"en", "zh"}
+    assert ds.items.set_index("item_id").loc["1005_abc.jpg", "split"] == "train"  # empty split -> train
+    zh = load_source("image_captions", src, lang="zh")
+    assert set(zh.queries["lang"]) == {"zh"} and len(zh.queries) == 12
+    with pytest.raises(ValueError, match="no captions in language 'fr'"):
+        load_source("image_captions", src, lang="fr")
+
+
+def test_split_is_deterministic_and_seeded():
+    a = load_source("metatool", SAMPLE_DIR / "metatool", seed=1)
+    b = load_source("metatool", SAMPLE_DIR / "metatool", seed=1)
+    c = load_source("metatool", SAMPLE_DIR / "metatool", seed=2)
+    assert a.queries["split"].tolist() == b.queries["split"].tolist()
+    assert a.queries["split"].tolist() != c.queries["split"].tolist()
+    assert set(a.queries["split"]) == set(SPLITS)
+
+
+def test_split_fractions_and_validation():
+    ds = load_source("metatool", SAMPLE_DIR / "metatool", val_fraction=0.3, test_fraction=0.0)
+    assert (ds.queries["split"] == "test").sum() == 0
+    assert abs((ds.queries["split"] == "val").mean() - 0.3) < 0.02
+    with pytest.raises(ValueError, match="must be < 1"):
+        load_source("metatool", SAMPLE_DIR / "metatool", val_fraction=0.6, test_fraction=0.5)
+
+
+def test_unknown_loader_and_option():
+    with pytest.raises(ValueError, match="unknown loader 'nope'"):
+        load_source("nope", SAMPLE_DIR / "metatool")
+    with pytest.raises(ValueError, match="unknown option"):
+        load_source("metatool", SAMPLE_DIR / "metatool", colour="red")
+
+
+# ------------------------------------------------------------------------------------ full public sets
+@pytest.mark.shared_data
+def test_metatool_full():
+    ds = load_source("metatool", shared_data("metatool"))
+    assert len(ds.items) == 199
+    assert ds.meta["multi_tool_queries"] == 497
+    assert (ds.queries["group"] == "multi_tool_query_golden").sum() == 497
+
+
+@pytest.mark.shared_data
+def test_stabletoolbench_full():
+    ds = load_source("stabletoolbench", shared_data("stabletoolbench"))
+    assert len(ds.queries) == 765
+    assert len(ds.items) == 2479
+    assert (ds.items["text"] == "").sum() >= 200  # ~214 APIs have no description, yet all keep a title
+    assert ds.items["title"].str.strip().ne("").all()
+    assert sorted(set(ds.queries["group"])) == [
+        "G1_category", "G1_instruction", "G1_tool", "G2_category", "G2_instruction", "G3_instruction",
+    ]
+
+
+@pytest.mark.shared_data
+def test_flickr8k_cn_full():
+    ds = load_source("image_captions", shared_data("flickr8k_cn_1k"))
+    assert len(ds.items) == 1000 and len(ds.queries) == 10000
+    assert ds.items["split"].value_counts().to_dict() == {"train": 753 + 9, "val": 113, "test": 125}
+
+
+# ------------------------------------------------------------------------------------ bad input
+def copy_of(src: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / src.name
+    shutil.copytree(src, dest)
+    return dest
+
+
+def test_nonexistent_path(tmp_path):
+    for loader in LOADERS:
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            load_source(loader, tmp_path / "missing")
+
+
+def test_missing_file(tmp_path):
+    src = copy_of(SAMPLE_DIR / "metatool", tmp_path)
+    (src / "plugin_des.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"plugin_des\.json: file does not exist"):
+        load_source("metatool", src)
+    wands = copy_of(FIXTURES / "wands", tmp_path)
+    (wands / "label.csv").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing WANDS file\(s\) label\.csv.*--download"):
+        load_source("wands", wands)
+
+
+def test_missing_and_extra_columns(tmp_path):
+    src = copy_of(SAMPLE_DIR / "metatool", tmp_path)
+    path = src / "all_clean_data.csv"
+    path.write_text(path.read_text().replace("Query,Tool", "Query,Tools", 1))
+    with pytest.raises(ValueError, match=r"all_clean_data\.csv: missing column\(s\) 'Tool'; unexpected column\(s\) 'Tools'"):
+        load_source("metatool", src)
+    wands = copy_of(FIXTURES / "wands", tmp_path)
+    query = wands / "query.csv"
+    query.write_text(query.read_text().replace("query_class\n", "query_class\textra\n", 1).replace("Massage Chairs\n", "Massage Chairs\tx\n"))
+    with pytest.raises(ValueError, match=r"query\.csv: unexpected column\(s\) 'extra'"):
+        load_source("wands", wands)
+
+
+def test_row_with_too_many_fields(tmp_path):
+    mt = copy_of(SAMPLE_DIR / "metatool", tmp_path)
+    path = mt / "all_clean_data.csv"
+    lines = path.read_text().splitlines()
+    lines[4] = lines[4] + ",surplus"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"all_clean_data\.csv: malformed CSV: .*Expected 2 fields in line 5, saw 3"):
+        load_source("metatool", mt)
+
+
+def test_comma_separated_wands_file_hints_at_tabs(tmp_path):
+    wands = copy_of(FIXTURES / "wands", tmp_path)
+    query = wands / "query.csv"
+    query.write_text(query.read_text().replace("\t", ","))
+    with pytest.raises(ValueError, match="is the file tab separated"):
+        load_source("wands", wands)
+
+
+def test_duplicate_ids(tmp_path):
+    wands = copy_of(FIXTURES / "wands", tmp_path)
+    product = wands / "product.csv"
+    lines = product.read_text().splitlines()
+    product.write_text("\n".join(lines + [lines[3]]) + "\n")
+    with pytest.raises(ValueError, match=r"product\.csv: row 14: duplicate product_id '2' \(first at row 4\)"):
+        load_source("wands", wands)
+    beir = copy_of(FIXTURES / "beir", tmp_path)
+    with (beir / "queries.jsonl").open("a") as f:
+        f.write('{"_id": "q2", "text": "again"}\n')
+    with pytest.raises(ValueError, match=r"queries\.jsonl: line 7: duplicate _id 'q2'"):
+        load_source("beir", beir)
+
+
+def test_empty_text(tmp_path):
+    wands = copy_of(FIXTURES / "wands", tmp_path)
+    query = wands / "query.csv"
+    query.write_text(query.read_text().replace("dinosaur", "  "))
+    with pytest.raises(ValueError, match=r"query\.csv: row 4: empty query"):
+        load_source("wands", wands)
+    src = copy_of(SAMPLE_DIR / "stabletoolbench", tmp_path)
+    path = src / "solvable_queries" / "test_instruction" / "G1_tool.json"
+    records = json.loads(path.read_text())
+    records[2]["query"] = ""
+    path.write_text(json.dumps(records))
+    with pytest.raises(ValueError, match=r"G1_tool\.json: record 2: empty 'query'"):
+        load_source("stabletoolbench", src)
+
+
+def test_dangling_qrels(tmp_path):
+    wands = copy_of(FIXTURES / "wands", tmp_path)
+    label = wands / "label.csv"
+    label.write_text(label.read_text() + "99\t3\t777\tExact\n")
+    with pytest.raises(ValueError, match=r"label\.csv: row 24: product_id '777' is not in product\.csv"):
+        load_source("wands", wands)
+    mt = copy_of(SAMPLE_DIR / "metatool", tmp_path)
+    with (mt / "all_clean_data.csv").open("a") as f:
+        f.write("Some query,NoSuchTool\n")
+    with pytest.raises(ValueError, match=r"row \d+: tool 'NoSuchTool' has no description in plugin_des\.json"):
+        load_source("metatool", mt)
+    beir = copy_of(FIXTURES / "beir", tmp_path)
+    with (beir / "qrels" / "test.tsv").open("a") as f:
+        f.write("q3\td404\t1\n")
+    with pytest.raises(ValueError, match=r"test\.tsv: row 4: corpus-id 'd404' is not in corpus\.jsonl"):
+        load_source("beir", beir)
+    stb = copy_of(SAMPLE_DIR / "stabletoolbench", tmp_path)
+    path = stb / "solvable_queries" / "test_instruction" / "G2_category.json"
+    records = json.loads(path.read_text())
+    records[0]["relevant APIs"].append(["Ghost", "Boo"])
+    path.write_text(json.dumps(records))
+    with pytest.raises(ValueError, match=r"G2_category\.json: record 0: 'relevant APIs'\[\d+\]: relevant API 'Ghost::Boo' is in no api_list"):
+        load_source("stabletoolbench", stb)
+
+
+def test_unknown_wands_label(tmp_path):
+    wands = copy_of(FIXTURES / "wands", tmp_path)
+    label = wands / "label.csv"
+    label.write_text(label.read_text().replace("Partial", "Maybe", 1))
+    with pytest.raises(ValueError, match=r"label\.csv: row 6: label 'Maybe' is not one of Exact, Partial, Irrelevant"):
+        load_source("wands", wands)
+
+
+def test_non_utf8_bytes(tmp_path):
+    mt = copy_of(SAMPLE_DIR / "metatool", tmp_path)
+    path = mt / "all_clean_data.csv"
+    lines = path.read_bytes().split(b"\n")
+    lines[4] = lines[4] + b" caf\xe9"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(ValueError, match=r"all_clean_data\.csv: line 5: not valid UTF-8 \(byte 0xe9"):
+        load_source("metatool", mt)
+
+
+def test_malformed_json_lines(tmp_path):
+    beir = copy_of(FIXTURES / "beir", tmp_path)
+    corpus = beir / "corpus.jsonl"
+    lines = corpus.read_text().splitlines()
+    lines[2] = lines[2][:-3]  # cut the closing of the third record
+    corpus.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"corpus\.jsonl: line 3: invalid JSON"):
+        load_source("beir", beir)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "text": "x"}\n["not", "an", "object"]\n')
+    with pytest.raises(ValueError, match=r"corpus\.jsonl: line 2: expected a JSON object"):
+        load_source("beir", beir)
+    (beir / "corpus.jsonl").write_text('{"_id": "d1", "title": "x"}\n')
+    with pytest.raises(ValueError, match=r"corpus\.jsonl: line 1: missing field\(s\) 'text'"):
+        load_source("beir", beir)
+
+
+def test_malformed_json_file(tmp_path):
+    mt = copy_of(SAMPLE_DIR / "metatool", tmp_path)
+    (mt / "plugin_des.json").write_text('{\n  "a": "b",\n  "c": \n}\n')
+    with pytest.raises(ValueError, match=r"plugin_des\.json: line 4, column 1: invalid JSON"):
+        load_source("metatool", mt)
+
+
+def test_empty_files(tmp_path):
+    mt = copy_of(SAMPLE_DIR / "metatool", tmp_path)
+    (mt / "all_clean_data.csv").write_text("")
+    with pytest.raises(ValueError, match=r"all_clean_data\.csv: file is empty"):
+        load_source("metatool", mt)
+    (mt / "all_clean_data.csv").write_text("Query,Tool\n")
+    with pytest.raises(ValueError, match=r"all_clean_data\.csv: no data rows below the header"):
+        load_source("metatool", mt)
+    beir = copy_of(FIXTURES / "beir", tmp_path)
+    (beir / "queries.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match=r"queries\.jsonl: file is empty"):
+        load_source("beir", beir)
+
+
+def test_image_caption_errors(tmp_path):
+    src = make_image_captions(tmp_path / "flickr")
+    (src / "images" / "1002_abc.jpg").unlink()
+    with pytest.raises(FileNotFoundError, match=r"captions\.tsv: row 10: image file .*1002_abc\.jpg does not exist"):
+        load_source("image_captions", src)
+    src = make_image_captions(tmp_path / "flickr2")
+    tsv = src / "captions.tsv"
+    tsv.write_text(tsv.read_text().replace("\ttrain\ten\t0\tA dog number 0", "\tholdout\ten\t0\tA dog number 0"))
+    with pytest.raises(ValueError, match=r"captions\.tsv: row 2: split 'holdout' is not one of train, val, test"):
+        load_source("image_captions", src)
+    fixed = tsv.read_text().replace("holdout", "train")
+    tsv.write_text(fixed + fixed.splitlines()[1] + "\n")
+    with pytest.raises(ValueError, match=r"row 26: duplicate caption '1000_abc\.jpg#en#0'"):
+        load_source("image_captions", src)
