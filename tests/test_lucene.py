@@ -1,0 +1,79 @@
+"""pyserini / Lucene: Java 21 setup, indexing, batch search, keyword export, BM25 baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from coevo.retrieval import lucene
+
+pytestmark = pytest.mark.java
+
+DOCS = [
+    ("t1", "Weather forecast: rain and temperature for any city"),
+    ("t2", "Family tree builder for genealogy research"),
+    ("t3", "Stock market prices and finance news"),
+]
+
+
+def test_ensure_java_is_idempotent_and_leaves_no_placeholder_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    lucene.ensure_java()
+    lucene.ensure_java()
+    import jnius_config
+
+    assert "OPENAI_API_KEY" not in os.environ
+    assert "21" in Path(os.environ["JAVA_HOME"]).name or "java-runtime" in os.environ["JAVA_HOME"]
+    assert not any("jdk.incubator.vector" in o for o in jnius_config.options)
+
+
+def test_build_and_batch_search(tmp_path: Path) -> None:
+    index = lucene.build_lucene_index(iter(DOCS), tmp_path / "idx", threads=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idx"]  # no temporary folder left behind
+    hits = lucene.search(index, {"q1": "rain forecast", "q2": "genealogy family", "q3": "   "}, k=2, threads=2)
+    assert hits["q1"][0] == "t1" and hits["q2"][0] == "t2"
+    assert hits["q3"] == [] and all(len(v) <= 2 for v in hits.values())
+
+
+def test_index_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="duplicate id 't1'"):
+        lucene.build_lucene_index([("t1", "a"), ("t1", "b")], tmp_path / "dup", threads=1)
+    assert not (tmp_path / "dup").exists()  # nothing half-written
+    with pytest.raises(ValueError, match="no documents"):
+        lucene.build_lucene_index([], tmp_path / "empty", threads=1)
+    with pytest.raises(FileNotFoundError, match="not a Lucene index"):
+        lucene.search(tmp_path, {"q": "x"}, k=1)
+
+
+def test_export_keyword_index_searches_back(tmp_path: Path) -> None:
+    items = {"i1": ["Family Tree", "genealogy"], "i2": ["tree"], "i3": ["weather", "rain"], "i4": []}
+    index = lucene.export_keyword_index(items, tmp_path / "kw", threads=1)
+    hits = lucene.search_keywords(index, {"q1": ["family tree"], "q2": ["tree", "rain"], "q3": ["unknown"], "q4": []}, k=10)
+    assert hits["q1"] == ["i1"]  # the phrase matches as one token, not "tree"
+    assert sorted(hits["q2"]) == ["i2", "i3"]
+    assert hits["q3"] == [] and hits["q4"] == []
+    assert lucene.keyword_token("Family  Tree") == "family_tree"
+
+
+def test_bm25_baseline_on_a_small_dataset(tmp_path: Path) -> None:
+    from coevo.data.schema import Dataset
+
+    dataset = Dataset(
+        items=pd.DataFrame({"item_id": [d[0] for d in DOCS], "title": ["weather", "family", "stocks"], "text": [d[1] for d in DOCS]}),
+        queries=pd.DataFrame(
+            {"query_id": ["a", "b", "c", "d"], "text": ["will it rain tomorrow", "my ancestors genealogy", "share prices", "rain"],
+             "split": ["test", "test", "test", "train"]}
+        ),
+        qrels=pd.DataFrame({"query_id": ["a", "b", "c", "d"], "item_id": ["t1", "t2", "t1", "t1"], "grade": [1, 1, 1, 1]}),
+        name="tiny",
+    )
+    metrics = lucene.bm25_baseline(dataset, split="test", k=10, index_dir=tmp_path / "bm25", threads=1)
+    assert set(metrics) >= {"precision", "recall", "f1", "mrr@10", "ndcg@10", "recall@10"}
+    assert "recall@100" not in metrics  # cut-offs above k are not reported
+    # a and b find their tool first; c (share prices -> t3, judged t1) does not rank t1 first.
+    assert metrics["mrr@10"] < 1.0 and metrics["mrr@10"] >= 2 / 3
+    assert (tmp_path / "bm25").is_dir()
