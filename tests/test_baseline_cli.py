@@ -47,6 +47,26 @@ def test_bm25_command_writes_metrics_json(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.parent.iterdir()) == ["metrics.json"]
 
 
+def test_help_names_the_default_out() -> None:
+    result = runner.invoke(app, ["baseline", "bm25", "--help"], env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"})
+    assert result.exit_code == 0
+    assert "baseline_bm25/metrics.json" in " ".join(result.output.split()).replace("│", "").replace(" ", "")
+
+
+@pytest.mark.java
+def test_bm25_default_out_is_inside_the_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = _dataset(tmp_path)
+    cwd = tmp_path / "repo_root"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)  # as if run from the repo root, where DVC's metrics.json lives
+    (cwd / "metrics.json").write_text('{"pipeline": 1}')
+    result = runner.invoke(app, ["baseline", "bm25", str(data), "--k", "10", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((cwd / "metrics.json").read_text()) == {"pipeline": 1}  # untouched
+    written = json.loads((data / "baseline_bm25" / "metrics.json").read_text())
+    assert written["recall@10"] == 1.0
+
+
 def test_missing_dataset_is_one_clear_line(tmp_path: Path) -> None:
     result = runner.invoke(app, ["baseline", "bm25", str(tmp_path / "nope")])
     assert result.exit_code == 2

@@ -131,3 +131,33 @@ def test_evaluate_keyword_retrieval_matches_the_definitions() -> None:
     rows = {r.query_id: r for r in keyword_set_metrics(queries, index, qrels).per_query}
     assert (rows["q2"].n_retrieved, rows["q2"].n_true_positive, rows["q2"].n_relevant) == (3, 1, 2)
     assert expected_set.n_queries == 3
+
+
+_kw = st.lists(st.sampled_from(["a", "b", "c", "d", "e f", "G"]), max_size=4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.dictionaries(st.sampled_from([f"i{n}" for n in range(12)]), _kw, min_size=1),
+    st.dictionaries(st.sampled_from([f"q{n}" for n in range(9)]), _kw, min_size=1),
+    st.data(),
+    st.sampled_from([1, 2, 5, 1 << 20]),
+    st.sampled_from([None, 2]),
+)
+def test_keyword_set_metrics_equals_python_sets_in_any_block_size(items, queries, data, mask_cells, min_grade) -> None:
+    """Blocked counting (several blocks, mask or de-duplication counting) == Python sets."""
+    import coevo.retrieval.evaluate as evaluate
+
+    ids = sorted(items) + ["ghost"]  # "ghost" is judged but not indexed
+    qrels = {q: data.draw(st.dictionaries(st.sampled_from(ids), st.integers(0, 2), max_size=6)) for q in queries}
+    if not any(g >= (min_grade or 1) for grades in qrels.values() for g in grades.values()):
+        return
+    index = InvertedIndex.from_keyword_sets(items)
+    expected = set_metrics({q: index.retrieve(k) for q, k in queries.items()}, qrels, list(queries), min_grade=min_grade)
+    old = evaluate._MASK_CELLS
+    evaluate._MASK_CELLS = mask_cells * len(items)  # queries per block: mask_cells
+    try:
+        got = keyword_set_metrics(queries, index, qrels, min_grade=min_grade)
+    finally:
+        evaluate._MASK_CELLS = old
+    assert got.per_query == expected.per_query

@@ -27,12 +27,24 @@ def metrics_table(metrics: dict[str, float], title: str):
     return table
 
 
+def default_out(data_dir: Path) -> Path:
+    """Default metrics file of `coevo baseline bm25`: next to the data set, not in the cwd."""
+    return data_dir / "baseline_bm25" / "metrics.json"
+
+
 @app.command()
 def bm25(
     data_dir: Path = typer.Argument(..., help="A prepared data set folder (items/queries/qrels.parquet, dataset.json)."),
     split: str = typer.Option("test", "--split", help="Query split to evaluate: train, val or test."),
     k: int = typer.Option(1000, "--k", min=1, help="Documents retrieved per query; set metrics use this top-k as the retrieved set."),
-    out: Path = typer.Option(Path("metrics.json"), "--out", "-o", help="Where to write the metrics JSON (written atomically)."),
+    out: Optional[Path] = typer.Option(
+        None,
+        "--out",
+        "-o",
+        help="Where to write the metrics JSON, atomically (default: DATA_DIR/baseline_bm25/metrics.json, "
+        "never the pipeline's metrics.json in the current folder).",
+        show_default=False,
+    ),
     index_dir: Optional[Path] = typer.Option(None, "--index-dir", help="Keep the Lucene index here (default: a temporary folder)."),
     threads: int = typer.Option(2, "--threads", min=1, help="Indexing and search threads."),
 ) -> None:
@@ -45,6 +57,7 @@ def bm25(
         dataset = Dataset.load(data_dir)
         with console.status(f"BM25 on {dataset.name} ({split}, k={k}): indexing and searching"):
             metrics = bm25_baseline(dataset, split=split, k=k, index_dir=index_dir, threads=threads)
+        out = out if out is not None else default_out(data_dir)
         write_json(out, metrics)
         console.print(metrics_table(metrics, f"BM25 baseline: {dataset.name}, split {split}, top {k}"))
         console.print(f"wrote {out}")

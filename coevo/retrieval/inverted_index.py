@@ -123,6 +123,15 @@ class InvertedIndex:
         return gather_rows(indptr, indices, np.asarray(keyword_ids))
 
     @functools.cached_property
+    def position_lookup(self) -> dict[str, int]:
+        """doc_id -> position as a dict that answers -1 for an unknown id (no KeyError).
+
+        For bulk C-level lookups (``operator.itemgetter(*ids)(index.position_lookup)``)
+        where a Python call per id would dominate.
+        """
+        return _PositionOrMissing(self._doc_pos)
+
+    @functools.cached_property
     def posting_lists(self) -> list[np.ndarray]:
         """Per keyword id, its posting list (sorted document positions) as an array view.
 
@@ -189,6 +198,13 @@ class InvertedIndex:
                     raise ValueError(f"{path}: line {lineno}: keywords of {record['id']!r} must be strings")
                 sets[record["id"]] = record["keywords"]
         return cls.from_keyword_sets(sets)
+
+
+class _PositionOrMissing(dict):
+    """A position map whose missing keys read as -1."""
+
+    def __missing__(self, key: str) -> int:
+        return -1
 
 
 def gather_rows(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> np.ndarray:

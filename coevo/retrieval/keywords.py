@@ -141,7 +141,8 @@ def parse_keywords(text: str) -> ParsedKeywords:
             break
         stop = False
         for raw in _SEPARATORS.split(line):
-            brk = _SENTENCE_BREAK.search(raw)
+            # A sentence break needs . ! or ?: skip the regex for the usual plain keyword.
+            brk = _SENTENCE_BREAK.search(raw) if ("." in raw or "!" in raw or "?" in raw) else None
             if brk is not None and _looks_like_prose(raw[brk.end():]):
                 # "x. These keywords ..." keeps x and stops at the explanation; an
                 # abbreviation ("u.s. history") is not a sentence break.
@@ -151,7 +152,10 @@ def parse_keywords(text: str) -> ParsedKeywords:
                 if stop:
                     break
                 continue
-            if _looks_like_prose(segment):
+            # Inline pre-check of _looks_like_prose (segment is stripped and non-empty).
+            if (
+                segment.count(" ") >= MAX_WORDS_PER_KEYWORD or segment[0].lower() in _PROSE_INITIALS
+            ) and _looks_like_prose(segment):
                 if keywords:
                     stop = True
                     break

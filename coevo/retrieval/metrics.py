@@ -171,7 +171,9 @@ def ranked_metrics(
     queries = _evaluation_queries(qrels, query_ids)
     for q in queries:
         grades = qrels.get(q, {})
-        n_rel = sum(1 for g in grades.values() if is_relevant(g, min_grade))
+        # One C loop over the grades (queries can have thousands of judgements).
+        grade_values = np.fromiter(grades.values(), dtype=np.float64, count=len(grades))
+        n_rel = int(np.count_nonzero(grade_values >= min_grade if min_grade is not None else grade_values > 0))
         if n_rel == 0:
             continue
         n_eval += 1
@@ -188,7 +190,7 @@ def ranked_metrics(
                 hit[pos] = is_relevant(g, min_grade)
         hits_cum = np.cumsum(hit)
         dcg_cum = np.cumsum(gain * discounts)
-        ideal = np.sort(np.fromiter((g for g in grades.values() if g > 0), dtype=np.float64))[::-1][:k_max]
+        ideal = np.sort(grade_values[grade_values > 0])[::-1][:k_max]
         idcg_cum = np.cumsum(ideal * discounts[: len(ideal)])
         first = int(np.argmax(hit)) + 1 if hit.any() else math.inf
         hits_k = hits_cum[k_arr - 1]

@@ -22,6 +22,8 @@ is one posting-list lookup in the query index and a weighted count over Q_cand; 
 is rebuilt. Implementation: with w(q) = gain(q) for q outside Q_ref and w(q) = -loss(q)
 inside, the reward is sum_{Q_cand} w + sum_{Q_ref} loss, which equals the Q_delta sum
 (queries in both sets cancel) without ever materialising the symmetric difference.
+Q_ref(i) is marked from the item's reference posting lists in the same scatter as a
+GRPO group's candidates (dense path), or read from an LRU cache (sparse path).
 
 ``mode="global"`` (ablation) is the change of the macro F1 over the evaluated queries
 (those of the query index with >= 1 relevant item), i.e. the marginal sum divided by their
@@ -31,8 +33,10 @@ differs in scale, hence in how much the -1 penalty weighs against the F1 signal.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -47,6 +51,25 @@ INVALID_REWARD = -1.0
 _SCRATCH_CELLS = 1 << 22
 # Score densely when a candidate's postings exceed 1/_DENSE_FACTOR of the queries.
 _DENSE_FACTOR = 64
+
+
+@functools.cache
+def _blas_controller() -> Any:
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()  # inspects the loaded libraries once (milliseconds)
+
+
+@contextlib.contextmanager
+def _single_thread_blas() -> Iterator[None]:
+    """Hold BLAS to one thread around the reward's small matrix-vector products.
+
+    A threaded OpenBLAS call on a busy machine costs tens of times the CPU of the
+    single-threaded product; the limit is local (a few microseconds to set and undo per
+    batch), never a process-wide environment variable.
+    """
+    with _blas_controller().limit(limits=1, user_api="blas"):
+        yield
 
 
 def completion_text(completion: Any) -> str:
@@ -84,19 +107,19 @@ class QueryReward:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         self.item_index = item_index
         self.k_max = k_max
-        self._relevant: dict[str, np.ndarray] = {}
-        self._n_rel: dict[str, int] = {}
-        for q, grades in qrels.items():
-            rel = [i for i, g in grades.items() if is_relevant(g, min_grade)]
-            self._n_rel[q] = len(rel)
-            self._relevant[q] = np.asarray(
-                [item_index.doc_position(i) for i in rel if i in item_index], dtype=np.int64
-            )
+        # Relevant item positions per query, from one vectorised qrels conversion.
+        query_ids = list(qrels)
+        relevance, n_rel = relevance_matrix(query_ids, item_index, qrels, min_grade)
+        self._query_row = {q: row for row, q in enumerate(query_ids)}
+        self._rel_indptr = relevance.indptr
+        self._rel_indices = relevance.indices
+        self._n_rel_of = n_rel.tolist()
         self._mask = np.zeros(item_index.n_docs, dtype=bool)
 
     def f1(self, query_id: str, keywords: Iterable[str], *, normalized: bool = False) -> float:
         """F1 of one keyword set (no budget rule)."""
-        n_rel = self._n_rel.get(query_id, 0)
+        row = self._query_row.get(query_id)
+        n_rel = 0 if row is None else self._n_rel_of[row]
         if n_rel == 0:
             return 0.0
         index = self.item_index
@@ -109,7 +132,7 @@ class QueryReward:
         for postings in lists:
             mask[postings] = True
         n_ret = int(np.count_nonzero(mask))
-        n_tp = int(np.count_nonzero(mask[self._relevant[query_id]]))
+        n_tp = int(np.count_nonzero(mask[self._rel_indices[self._rel_indptr[row] : self._rel_indptr[row + 1]]]))
         for postings in lists:
             mask[postings] = False
         return 2.0 * n_tp / (n_ret + n_rel)
@@ -201,12 +224,19 @@ class ItemReward:
         self._dedup = np.zeros(self._chunk * n_q, dtype=np.int64)
         self._mark_ref = np.zeros(self._chunk * n_q, dtype=bool)
         self._mark_rel = np.zeros(self._chunk * n_q, dtype=bool)
-        self._query_mark = np.zeros(n_q, dtype=np.float64)
         self._rel_mark = np.zeros(n_q, dtype=bool)
         self._dense_buffer: np.ndarray | None = None
         self._kq_indptr = self.query_index.keyword_doc.indptr
-        self._query_postings = self.query_index.posting_lists
         self._gain0 = np.ascontiguousarray(self._gain[0])
+        self._gain1 = np.ascontiguousarray(self._gain[1])
+        self._neg_loss1 = -self._loss[1]
+        self._kq_indices64 = self.query_index.keyword_doc.indices.astype(np.int64)
+        # Per item, its reference keywords as query-keyword ids (item keywords no query uses dropped).
+        dk = self.item_index.doc_keyword
+        mapped = self._item_kw_to_query_kw[dk.indices]
+        kept = np.concatenate([[0], np.cumsum(mapped >= 0)])
+        self._ref_kw_indptr = kept[dk.indptr]
+        self._ref_kw_indices = mapped[mapped >= 0]
         self._neg_loss0_minus_gain0 = -self._loss[0] - self._gain[0]
 
     # -- reference sets -----------------------------------------------------------------
@@ -273,29 +303,47 @@ class ItemReward:
         return out
 
     def _marginal_dense_group(self, item_pos: int, kw_ids: list[list[int]]) -> np.ndarray:
-        """All candidates of one item: reward = sum of w over Q_cand + sum of losses over Q_ref."""
-        q_ref, rel, loss_sum = self._reference(item_pos)
-        ref = self._query_mark
-        ref.fill(0.0)
-        ref[q_ref] = 1.0
-        # w(q): gain of adding item i to q outside Q_ref, minus the loss of removing it inside.
-        w = self._gain0 + ref * self._neg_loss0_minus_gain0
-        if len(rel):
-            w[rel] = np.where(ref[rel] > 0, -self._loss[1, rel], self._gain[1, rel])
-        # One 0/1 row per candidate (Q_cand), one scatter per row; duplicates collapse.
-        postings = self._query_postings
-        lists = [[postings[k] for k in ids] for ids in kw_ids]
-        if self._dense_buffer is None or len(self._dense_buffer) < len(kw_ids):
-            self._dense_buffer = np.zeros((max(len(kw_ids), 8), len(w)))
-        cand = self._dense_buffer[: len(kw_ids)]  # reused: no fresh pages per group
-        cand.fill(0.0)
-        for row, row_lists in enumerate(lists):
-            if row_lists:
-                cand[row, np.concatenate(row_lists) if len(row_lists) > 1 else row_lists[0]] = 1.0
-        # Multiply-and-sum instead of a BLAS product: a threaded BLAS call on a busy
-        # machine costs ~50x more CPU than this single-threaded loop.
-        np.multiply(cand, w, out=cand)
-        return cand.sum(axis=1) + loss_sum
+        """All candidates of one item: reward_r = (cand_r - ref) . w over all queries.
+
+        Rows 0..G-1 of a 0/1 (queries) matrix mark each candidate's Q_cand, row G marks
+        Q_ref; w(q) is the gain of adding item i to q outside Q_ref and minus the loss of
+        removing it inside. Then cand_r . w = sum of w over Q_cand and ref . w = -(sum of
+        losses over Q_ref), so one matrix-vector product gives every reward. All rows
+        are filled by a single scatter of the concatenated posting lists (duplicates
+        collapse) and cleared by the same scatter, so no (rows x queries) memset.
+        """
+        n_q = self.query_index.n_docs
+        n_rows = len(kw_ids) + 1
+        ref_kw = self._ref_kw_indices[self._ref_kw_indptr[item_pos] : self._ref_kw_indptr[item_pos + 1]].tolist()
+        flat: list[int] = []
+        lengths: list[int] = []
+        for ids in kw_ids:
+            flat.extend(ids)
+            lengths.append(len(ids))
+        flat.extend(ref_kw)
+        lengths.append(len(ref_kw))
+        kw = np.array(flat, dtype=np.int64)
+        indptr = self._kq_indptr
+        per_kw = indptr[kw + 1] - indptr[kw]
+        # Flat cell (row, query) of every posting: row * n_q + query.
+        cells = gather_rows(indptr, self._kq_indices64, kw)
+        cells += np.repeat(np.repeat(np.arange(0, n_rows * n_q, n_q, dtype=np.int64), lengths), per_kw)
+        if self._dense_buffer is None or self._dense_buffer.shape[0] < n_rows:
+            self._dense_buffer = np.zeros((max(n_rows, 9), n_q))
+        marks = self._dense_buffer[:n_rows]  # contiguous rows; all zero between calls
+        flat_marks = marks.reshape(-1)
+        flat_marks[cells] = 1.0
+        try:
+            ref = marks[-1]
+            w = self._gain0 + ref * self._neg_loss0_minus_gain0
+            rel = self._item_rel.indices[self._item_rel.indptr[item_pos] : self._item_rel.indptr[item_pos + 1]]
+            if len(rel):
+                w[rel] = np.where(ref[rel] > 0, self._neg_loss1[rel], self._gain1[rel])
+            # BLAS gemv: the caller holds BLAS to one thread (see _single_thread_blas).
+            scores = marks @ w
+        finally:
+            flat_marks[cells] = 0.0
+        return scores[:-1] - scores[-1]
 
     def _marginal_chunk(self, item_pos: np.ndarray, kw_ids: list[np.ndarray]) -> np.ndarray:
         n, n_q = len(item_pos), self.query_index.n_docs
@@ -360,7 +408,8 @@ class ItemReward:
             valid.append(row)
             kw_ids.append([k for k in map(position_of, kws) if k is not None])
         if valid:
-            scores = self._marginal(positions[valid], kw_ids)
+            with _single_thread_blas():
+                scores = self._marginal(positions[valid], kw_ids)
             if self.mode == "global":
                 scores = scores / self.n_evaluated
             rewards[valid] = scores
