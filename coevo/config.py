@@ -97,6 +97,7 @@ class CoGRParams(Section):
     k_max: int = Field(30, ge=1)
     rounds: int = Field(2, ge=0)
     eval_split: Literal["val", "test"] = "val"
+    max_train_queries: int | None = Field(None, ge=1)
     lora: LoraParams = Field(default_factory=LoraParams)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     sft: SFTParams = Field(default_factory=SFTParams)
@@ -142,6 +143,10 @@ class CoHyDEParams(Section):
     dpo: SFTParams = Field(default_factory=SFTParams)
     max_new_tokens: int = Field(64, ge=1)
     early_stopping: EarlyStoppingParams = Field(default_factory=EarlyStoppingParams)
+    index_format: Literal["title", "title_api", "title_api_tool", "title_api_desc", "full"] = "full"
+    warmup_formats_per_item: int = Field(5, ge=1, le=5)
+    warmup_max_examples: int | None = Field(None, ge=1)
+    max_train_queries: int | None = Field(None, ge=2)
 
 
 class Params(Section):

@@ -1,0 +1,668 @@
+"""CoGR: two keyword generators co-evolving through retrieval reward (see DESIGN.md, "CoGR").
+
+The loop is a chain of idempotent phases over one run directory, so an orchestrator can wrap
+each phase in its own task and a killed run resumes at the last finished phase:
+
+    run_dir/
+      config.json                 what the run was started with (a resume must match it)
+      seed/                       Algorithm 1: sampled S_i, pooled S_q (parquet), summary
+      phases/00_sft/              SFT-initialised generators (or 00_base with sft_init=false)
+      phases/01_query/            query-side GRPO against the frozen item index
+      phases/02_item/             item-side GRPO against the frozen query index
+      ...                         each phase folder, written atomically, holds:
+          generators/{query,item}|shared/   LoRA adapters (or full weights)
+          keywords.json           ordered keyword sets: items, train and eval queries
+          indexes/items.jsonl     item index (keyword -> items), queries.jsonl (keyword -> queries)
+          metrics.json            this phase's train/ and eval/ metrics
+          history.json            every finished phase's metrics so far, early-stopping state
+          dynamics.json/.csv      distinct keywords by n-gram length, example keyword sets
+
+Every phase reloads its inputs from the previous phase's folder and reseeds from
+(seed, phase), so an interrupted-and-resumed run computes exactly what an uninterrupted one does.
+"""
+
+from __future__ import annotations
+
+import csv
+import io as _io
+import json
+import logging
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from coevo.config import Params
+from coevo.io import atomic_path, read_json, write_json, write_parquet, write_text
+from coevo.models.prompts import item_messages, keyword_completion, query_messages
+
+log = logging.getLogger(__name__)
+
+QUERY, ITEM, SHARED = "query", "item", "shared"
+CONFIG_FILE = "config.json"
+EXAMPLES_PER_SIDE = 3
+# Extra completions sampled per item by G_0 when one sample yields fewer than M keywords.
+SEED_SAMPLES = 2
+
+ProgressFn = Callable[[str], None]
+
+
+def phase_seed(seed: int, phase: int) -> int:
+    """Seed of one phase: fixed by (run seed, phase index), independent of what ran before."""
+    return int(np.random.SeedSequence([seed, phase + 1]).generate_state(1)[0] % (2**31 - 1))
+
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    index: int
+    kind: str  # "sft" | "base" | "query" | "item"
+    round: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.index:02d}_{self.kind}"
+
+
+def top_n_keywords(keyword_lists: Sequence[Sequence[str]], n: int) -> list[str]:
+    """Algorithm 1 pooling: the N most frequent keywords of the multiset union B_q.
+
+    Ties are broken by first appearance in ``keyword_lists`` (callers pass them sorted by
+    item id), then alphabetically, so the result never depends on dict or set order.
+    """
+    counts: Counter[str] = Counter()
+    first_seen: dict[str, int] = {}
+    for keywords in keyword_lists:
+        for kw in keywords:
+            counts[kw] += 1
+            first_seen.setdefault(kw, len(first_seen))
+    ranked = sorted(counts, key=lambda kw: (-counts[kw], first_seen[kw], kw))
+    return ranked[:n]
+
+
+def ngram_histogram(keyword_sets: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """Distinct keywords by number of words: {"1": .., "2": .., "3": .., "4+": .., "total": ..}."""
+    distinct = {kw for kws in keyword_sets.values() for kw in kws}
+    hist = {"1": 0, "2": 0, "3": 0, "4+": 0}
+    for kw in distinct:
+        words = len(kw.split())
+        hist[str(words) if words < 4 else "4+"] += 1
+    hist["total"] = len(distinct)
+    return hist
+
+
+class CoGRRun:
+    """One CoGR training run in ``run_dir`` (see the module docstring for the layout).
+
+    Public phase functions (each idempotent: it returns the stored result when its output
+    exists): :meth:`seed_keywords`, :meth:`sft`, :meth:`phase`, plus :meth:`run` chaining them
+    with early stopping, and :meth:`history`.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        params: Params,
+        dataset_dir: str | Path,
+        *,
+        progress: bool = True,
+        cache_dir: Path | None = None,
+        use_vllm: bool = False,
+        generation_batch_size: int | None = None,
+    ):
+        from coevo.data.schema import Dataset
+
+        self.run_dir = Path(run_dir)
+        self.params = params
+        self.cfg = params.cogr
+        self.seed = params.seed
+        self.dataset_dir = Path(dataset_dir)
+        self.progress = progress
+        self.cache_dir = cache_dir
+        self.use_vllm = use_vllm
+        self.generation_batch_size = generation_batch_size or _default_generation_batch_size()
+        self.dataset = Dataset.load(self.dataset_dir)
+        self.train_qrels = self.dataset.relevant("train")
+        self.eval_qrels = self.dataset.relevant(self.cfg.eval_split)
+        if not self.train_qrels:
+            raise ValueError(f"{self.dataset_dir}: no train query has a relevant item; CoGR cannot train")
+        if not self.eval_qrels:
+            raise ValueError(f"{self.dataset_dir}: no {self.cfg.eval_split} query has a relevant item; nothing to evaluate")
+        items = self.dataset.items.sort_values("item_id", kind="stable")
+        self.item_ids: list[str] = list(items["item_id"])
+        self.item_title = dict(zip(items["item_id"], items["title"]))
+        self.item_desc = {i: ("" if pd.isna(t) else str(t)) for i, t in zip(items["item_id"], items["text"])}
+        queries = self.dataset.queries
+        self.query_text = dict(zip(queries["query_id"], queries["text"]))
+        self.train_query_ids = sorted(self.dataset.queries_in("train")["query_id"])
+        # Algorithm 1 pools targets for every train query, so the seed artifacts do not depend on the cap.
+        self.all_train_query_ids, self.all_train_qrels = list(self.train_query_ids), dict(self.train_qrels)
+        cap = self.cfg.max_train_queries
+        if cap is not None and cap < len(self.train_query_ids):
+            # Seeded subset (CPU budgets): it defines the SFT targets, the query index and GRPO prompts.
+            with_relevant = [q for q in self.train_query_ids if q in self.train_qrels]
+            picked = np.random.default_rng(self.seed).choice(with_relevant, size=min(cap, len(with_relevant)), replace=False)
+            self.train_query_ids = sorted(picked)
+            self.train_qrels = {q: self.train_qrels[q] for q in self.train_query_ids}
+        self.eval_query_ids = sorted(self.dataset.queries_in(self.cfg.eval_split)["query_id"])
+        self._check_config()
+
+    # ------------------------------------------------------------------ layout
+    @property
+    def phases_dir(self) -> Path:
+        return self.run_dir / "phases"
+
+    @property
+    def seed_dir(self) -> Path:
+        return self.run_dir / "seed"
+
+    def schedule(self) -> list[PhaseSpec]:
+        """Phase 0 (SFT, or the untrained base with sft_init=false), then the GRPO phases."""
+        specs = [PhaseSpec(0, "sft" if self.cfg.sft_init else "base", 0)]
+        for r in range(1, self.cfg.rounds + 1):
+            specs.append(PhaseSpec(len(specs), QUERY, r))
+            if not self.cfg.query_side_only:
+                specs.append(PhaseSpec(len(specs), ITEM, r))
+        return specs
+
+    def phase_dir(self, index: int) -> Path:
+        spec = self.schedule()[index]
+        return self.phases_dir / spec.name
+
+    def is_done(self, index: int) -> bool:
+        return (self.phase_dir(index) / "metrics.json").exists()
+
+    def _check_config(self) -> None:
+        """A resumed run must have been started with the same params and data."""
+        config = {
+            "seed": self.seed,
+            "cogr": self.cfg.model_dump(),
+            "dataset": self.dataset.metadata(),
+        }
+        path = self.run_dir / CONFIG_FILE
+        if path.exists():
+            stored = read_json(path)
+            if stored != json.loads(json.dumps(config)):
+                raise ValueError(
+                    f"{path}: this run directory was started with other params or data; "
+                    "use a fresh --out directory (or delete this one) to start over"
+                )
+        else:
+            write_json(path, config)
+
+    def _say(self, message: str) -> None:
+        log.info(message)
+        if self.progress:
+            from rich.console import Console
+
+            Console(stderr=True).print(f"[cyan]cogr[/] {message}", highlight=False)
+
+    # -------------------------------------------------------------- generators
+    def _corpus(self) -> list[str]:
+        """Text the `tiny` model's tokenizer is trained on (ignored by real models)."""
+        texts = [self.item_title[i] + " " + self.item_desc[i] for i in self.item_ids]
+        return texts + [self.query_text[q] for q in self.train_query_ids + self.eval_query_ids]
+
+    def _new_generator(self, name: str, *, lora: bool = True):
+        from coevo.models.generator import Generator
+
+        return Generator.create(
+            name, self.cfg.lora if lora else None, seed=self.seed, corpus=self._corpus(), cache_dir=self.cache_dir
+        )
+
+    def _sides(self) -> tuple[str, ...]:
+        return (SHARED,) if self.cfg.shared_generator else (QUERY, ITEM)
+
+    def _load_generators(self, index: int) -> dict[str, Any]:
+        """{QUERY: gen, ITEM: gen} from a finished phase (the same object twice when shared)."""
+        from coevo.models.generator import Generator
+
+        folder = self.phase_dir(index) / "generators"
+        if self.cfg.shared_generator:
+            shared = Generator.load(folder / SHARED)
+            return {QUERY: shared, ITEM: shared}
+        return {QUERY: Generator.load(folder / QUERY), ITEM: Generator.load(folder / ITEM)}
+
+    # --------------------------------------------------------------- keywords
+    def _generate_keywords(self, generator, prompts: Sequence[Any], description: str, *, seed: int) -> list[tuple[str, ...]]:
+        """Greedy keyword sets (parsed, normalised, at most k_max) for index building."""
+        from coevo.retrieval.keywords import parse_keywords
+
+        outputs = generator.generate(
+            prompts,
+            batch_size=self.generation_batch_size,
+            temperature=0.0,
+            max_new_tokens=self.cfg.sampling.max_new_tokens,
+            seed=seed,
+            progress=self.progress,
+            description=description,
+        )
+        return [parse_keywords(out[0]).keywords[: self.cfg.k_max] for out in outputs]
+
+    def _item_prompts(self, item_ids: Sequence[str]) -> list[Any]:
+        return [item_messages(self.item_title[i], self.item_desc[i]) for i in item_ids]
+
+    def _query_prompts(self, query_ids: Sequence[str]) -> list[Any]:
+        return [query_messages(self.query_text[q]) for q in query_ids]
+
+    def _index_items(self, generator, seed: int) -> dict[str, list[str]]:
+        sets = self._generate_keywords(generator, self._item_prompts(self.item_ids), "indexing items", seed=seed)
+        return {i: list(k) for i, k in zip(self.item_ids, sets)}
+
+    def _index_queries(self, generator, seed: int) -> dict[str, dict[str, list[str]]]:
+        ids = self.train_query_ids + [q for q in self.eval_query_ids if q not in set(self.train_query_ids)]
+        sets = self._generate_keywords(generator, self._query_prompts(ids), "indexing queries", seed=seed)
+        by_id = {q: list(k) for q, k in zip(ids, sets)}
+        return {
+            "train": {q: by_id[q] for q in self.train_query_ids},
+            "eval": {q: by_id[q] for q in self.eval_query_ids},
+        }
+
+    # ------------------------------------------------------ Algorithm 1 (seed)
+    def seed_keywords(self) -> dict[str, Any]:
+        """Algorithm 1: S_i = M keywords sampled from G_0 per item; S_q = top-N of B_q.
+
+        Writes seed/items.parquet (item_id, keywords), seed/queries.parquet (query_id,
+        keywords, n_relevant) and seed/summary.json; returns the summary.
+        """
+        done = self.seed_dir / "summary.json"
+        if done.exists():
+            return read_json(done)
+        from coevo.models.generator import seeded
+        from coevo.retrieval.keywords import normalize_keyword, parse_keywords
+
+        started = time.perf_counter()
+        name = self.cfg.seed_generator or self.cfg.generator
+        self._say(f"Algorithm 1: sampling {self.cfg.m_item_keywords} keywords per item from G_0 = {name}")
+        seed = phase_seed(self.seed, -1)
+        with seeded(seed):
+            g0 = self._new_generator(name, lora=False)
+        samples = g0.generate(
+            self._item_prompts(self.item_ids),
+            num_return_sequences=SEED_SAMPLES,
+            temperature=self.cfg.sampling.temperature,
+            top_p=self.cfg.sampling.top_p,
+            max_new_tokens=self.cfg.sampling.max_new_tokens,
+            seed=seed,
+            progress=self.progress,
+            batch_size=self.generation_batch_size,
+            description="G_0 item keywords",
+        )
+        del g0
+        item_sets: dict[str, list[str]] = {}
+        fallbacks = 0
+        for item_id, outs in zip(self.item_ids, samples):
+            pooled: list[str] = []
+            for out in outs:  # later samples only top up a short first sample
+                pooled.extend(k for k in parse_keywords(out).keywords if k not in pooled)
+            if not pooled:
+                # G_0 gave nothing usable: fall back to the title, so every item stays retrievable.
+                fallbacks += 1
+                pooled = [normalize_keyword(self.item_title[item_id])]
+            item_sets[item_id] = pooled[: self.cfg.m_item_keywords]
+        query_rows = []
+        for q in self.all_train_query_ids:
+            relevant = sorted(self.all_train_qrels.get(q, {}))
+            if not relevant:
+                continue
+            s_q = top_n_keywords([item_sets[i] for i in relevant if i in item_sets], self.cfg.n_query_keywords)
+            query_rows.append({"query_id": q, "keywords": s_q, "n_relevant": len(relevant)})
+        self.seed_dir.mkdir(parents=True, exist_ok=True)
+        write_parquet(
+            self.seed_dir / "items.parquet",
+            pd.DataFrame({"item_id": list(item_sets), "keywords": list(item_sets.values())}),
+        )
+        write_parquet(self.seed_dir / "queries.parquet", pd.DataFrame(query_rows))
+        summary = {
+            "seed_generator": name,
+            "items": len(item_sets),
+            "queries": len(query_rows),
+            "item_fallbacks": fallbacks,
+            "mean_item_keywords": float(np.mean([len(v) for v in item_sets.values()])),
+            "mean_query_keywords": float(np.mean([len(r["keywords"]) for r in query_rows])) if query_rows else 0.0,
+            "seconds": time.perf_counter() - started,
+        }
+        write_json(done, summary)  # last: marks the seed artifacts complete
+        return summary
+
+    def seed_targets(self) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """(item S_i, query S_q) from the seed artifacts."""
+        self.seed_keywords()
+        items = pd.read_parquet(self.seed_dir / "items.parquet")
+        queries = pd.read_parquet(self.seed_dir / "queries.parquet")
+        return (
+            {i: list(k) for i, k in zip(items["item_id"], items["keywords"])},
+            {q: list(k) for q, k in zip(queries["query_id"], queries["keywords"])},
+        )
+
+    # --------------------------------------------------------------- phase 0
+    def sft(self) -> dict[str, Any]:
+        """Phase 0: SFT both generators on the Algorithm 1 targets (or, with sft_init=false,
+        take the untrained base generators), build both indexes, evaluate."""
+        if self.is_done(0):
+            return read_json(self.phase_dir(0) / "metrics.json")
+        from coevo.models.generator import seeded
+        from coevo.train.sft import train_sft
+
+        spec = self.schedule()[0]
+        seed = phase_seed(self.seed, 0)
+        started = time.perf_counter()
+        train_metrics: dict[str, Any] = {}
+        with seeded(seed):
+            if self.cfg.shared_generator:
+                shared = self._new_generator(self.cfg.generator)
+                gens = {QUERY: shared, ITEM: shared}
+            else:
+                gens = {QUERY: self._new_generator(self.cfg.generator), ITEM: self._new_generator(self.cfg.generator)}
+        if self.cfg.sft_init:
+            item_sets, query_sets = self.seed_targets()
+            examples = {
+                QUERY: [
+                    {"prompt": query_messages(self.query_text[q]), "completion": keyword_completion(k)}
+                    for q, k in query_sets.items()
+                    if k and q in self.train_qrels
+                ],
+                ITEM: [
+                    {"prompt": item_messages(self.item_title[i], self.item_desc[i]), "completion": keyword_completion(k)}
+                    for i, k in item_sets.items()
+                ],
+            }
+            scratch = self.run_dir / "scratch"
+            if self.cfg.shared_generator:
+                self._say(f"SFT shared generator on {len(examples[QUERY])} query + {len(examples[ITEM])} item targets")
+                m = train_sft(gens[QUERY], examples[QUERY] + examples[ITEM], self.cfg.sft, scratch / "sft", seed)
+                train_metrics.update({f"{k}": v for k, v in m.items()})
+            else:
+                for side in (QUERY, ITEM):
+                    self._say(f"SFT {side} generator on {len(examples[side])} targets")
+                    m = train_sft(gens[side], examples[side], self.cfg.sft, scratch / f"sft_{side}", seed)
+                    train_metrics.update({k.replace("train/", f"train/{side}_"): v for k, v in m.items()})
+                    if side == QUERY:
+                        train_metrics["train/loss"] = m["train/loss"]
+        return self._finish_phase(spec, gens, changed=(QUERY, ITEM), train_metrics=train_metrics, started=started)
+
+    # ------------------------------------------------------------ GRPO phases
+    def phase(self, index: int) -> dict[str, Any]:
+        """GRPO phase ``index`` (>= 1): train one side against the other side's frozen index,
+        rebuild the changed index(es), evaluate, checkpoint. Returns the phase metrics."""
+        specs = self.schedule()
+        if not 1 <= index < len(specs):
+            raise ValueError(f"phase index {index} out of range 1..{len(specs) - 1}")
+        if self.is_done(index):
+            return read_json(self.phase_dir(index) / "metrics.json")
+        if not self.is_done(index - 1):
+            if index - 1 == 0:
+                self.sft()
+            else:
+                self.phase(index - 1)
+        from coevo.models.generator import seeded
+        from coevo.rewards.cogr import ItemReward, QueryReward
+        from coevo.retrieval.inverted_index import InvertedIndex
+        from coevo.train.grpo import train_grpo
+
+        spec = specs[index]
+        seed = phase_seed(self.seed, index)
+        started = time.perf_counter()
+        keywords = self.keywords(index - 1)
+        with seeded(seed):
+            gens = self._load_generators(index - 1)
+        rng = np.random.default_rng(seed)
+        cap = self.cfg.grpo.max_prompts_per_phase
+        if spec.kind == QUERY:
+            pool = [q for q in self.train_query_ids if q in self.train_qrels]
+            chosen = sorted(rng.choice(pool, size=cap, replace=False)) if cap and cap < len(pool) else pool
+            reward = QueryReward(InvertedIndex.from_keyword_sets(keywords["items"]), self.train_qrels, self.cfg.k_max)
+
+            def reward_fn(completions: list[str], query_id: list[str]) -> list[float]:
+                return reward(query_id, completions)
+
+            rows = [{"prompt": query_messages(self.query_text[q]), "query_id": q} for q in chosen]
+        else:
+            pool = list(self.item_ids)
+            chosen = sorted(rng.choice(pool, size=cap, replace=False)) if cap and cap < len(pool) else pool
+            reward = ItemReward(
+                keywords["queries_train"], keywords["items"], self.train_qrels, self.cfg.k_max, mode=self.cfg.item_reward
+            )
+
+            def reward_fn(completions: list[str], item_id: list[str]) -> list[float]:
+                return reward(item_id, completions)
+
+            rows = [{"prompt": item_messages(self.item_title[i], self.item_desc[i]), "item_id": i} for i in chosen]
+        reward_fn.__name__ = f"{spec.kind}_reward"
+        self._say(f"phase {spec.name}: GRPO on {len(rows)} {spec.kind} prompts (round {spec.round})")
+        with seeded(seed):
+            result = train_grpo(
+                gens[spec.kind],
+                rows,
+                reward_fn,
+                self.cfg.grpo,
+                self.run_dir / "scratch" / spec.name,
+                seed,
+                epochs=self.cfg.grpo.epochs_per_side,
+                temperature=self.cfg.sampling.temperature,
+                top_p=self.cfg.sampling.top_p,
+                use_vllm=self.use_vllm,
+            )
+        train_metrics = {f"train/{k}": v for k, v in result.items()}
+        train_metrics["train/prompts"] = len(rows)
+        changed = (QUERY, ITEM) if self.cfg.shared_generator else (spec.kind,)
+        return self._finish_phase(spec, gens, changed=changed, train_metrics=train_metrics, started=started)
+
+    # ------------------------------------------------------ checkpoint + eval
+    def _finish_phase(
+        self,
+        spec: PhaseSpec,
+        gens: dict[str, Any],
+        *,
+        changed: Sequence[str],
+        train_metrics: dict[str, Any],
+        started: float,
+    ) -> dict[str, Any]:
+        """Rebuild the changed indexes, evaluate, and write the phase folder atomically."""
+        from coevo.retrieval.evaluate import evaluate_keyword_retrieval
+        from coevo.retrieval.inverted_index import InvertedIndex
+
+        seed = phase_seed(self.seed, spec.index)
+        previous = self.keywords(spec.index - 1) if spec.index > 0 else None
+        if ITEM in changed or previous is None:
+            items = self._index_items(gens[ITEM], seed)
+        else:
+            items = previous["items"]
+        if QUERY in changed or previous is None:
+            q = self._index_queries(gens[QUERY], seed)
+            queries_train, queries_eval = q["train"], q["eval"]
+        else:
+            queries_train, queries_eval = previous["queries_train"], previous["queries_eval"]
+        eval_metrics = evaluate_keyword_retrieval(
+            queries_eval, items, self.eval_qrels, query_ids=[q for q in self.eval_query_ids if q in self.eval_qrels]
+        )
+        train_eval = evaluate_keyword_retrieval(
+            queries_train, items, self.train_qrels, query_ids=[q for q in self.train_query_ids if q in self.train_qrels]
+        )
+        record: dict[str, Any] = {
+            "phase": spec.index,
+            "name": spec.name,
+            "kind": spec.kind,
+            "round": spec.round,
+            **{f"eval/{k}": float(v) for k, v in eval_metrics.items()},
+            "train_set/f1": float(train_eval["f1"]),
+            **train_metrics,
+            "keywords/item_mean": float(np.mean([len(v) for v in items.values()])) if items else 0.0,
+            "keywords/query_mean": float(np.mean([len(v) for v in queries_eval.values()])) if queries_eval else 0.0,
+            "keywords/item_empty": int(sum(1 for v in items.values() if not v)),
+            "keywords/query_empty": int(sum(1 for v in queries_eval.values() if not v)),
+        }
+        history = self.history(upto=spec.index - 1) + [record]
+        stopping = self._early_stopping(history)
+        record["seconds"] = time.perf_counter() - started
+        dynamics = self._dynamics(spec, items, {**queries_train, **queries_eval})
+
+        dest = self.phases_dir / spec.name
+        with atomic_path(dest, is_dir=True) as tmp:
+            gen_dir = tmp / "generators"
+            gen_dir.mkdir()
+            for side in self._sides():
+                side_gen = gens[QUERY] if side == SHARED else gens[side]
+                if side == SHARED or side in changed or spec.index == 0:
+                    side_gen.save(gen_dir / side)
+                else:  # unchanged side: hard-link the previous phase's files (no copy)
+                    _link_tree(self.phase_dir(spec.index - 1) / "generators" / side, gen_dir / side)
+            write_json(
+                tmp / "keywords.json",
+                {"items": items, "queries_train": queries_train, "queries_eval": queries_eval},
+                indent=None,
+            )
+            InvertedIndex.from_keyword_sets(items).save(tmp / "indexes" / "items.jsonl")
+            InvertedIndex.from_keyword_sets({**queries_train, **queries_eval}).save(tmp / "indexes" / "queries.jsonl")
+            write_json(tmp / "dynamics.json", dynamics)
+            write_text(tmp / "dynamics.csv", _dynamics_csv(spec, dynamics))
+            write_json(tmp / "history.json", {"history": history, "early_stopping": stopping})
+            write_json(tmp / "metrics.json", record)  # last inside the folder; the folder rename commits all
+        shutil.rmtree(self.run_dir / "scratch", ignore_errors=True)
+        self._say(
+            f"phase {spec.name}: eval f1={record['eval/f1']:.4f} recall@100={record['eval/recall@100']:.4f} "
+            f"ndcg@10={record['eval/ndcg@10']:.4f} ({record['seconds']:.0f}s)"
+        )
+        return record
+
+    def _early_stopping(self, history: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """Best monitored metric so far and phases since it improved by more than min_delta."""
+        key = f"eval/{self.cfg.early_stopping.metric}"
+        best, best_phase, stale = -np.inf, None, 0
+        for row in history:
+            value = row.get(key)
+            if value is None:
+                raise ValueError(f"cogr.early_stopping.metric: {key!r} is not an evaluation metric")
+            if value > best + self.cfg.early_stopping.min_delta:
+                best, best_phase, stale = value, row["phase"], 0
+            else:
+                stale += 1
+        return {
+            "metric": key,
+            "best": float(best),
+            "best_phase": best_phase,
+            "stale_phases": stale,
+            "stop": stale >= self.cfg.early_stopping.patience,
+        }
+
+    def _dynamics(self, spec: PhaseSpec, items: Mapping[str, Sequence[str]], queries: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+        example_items = self.item_ids[:EXAMPLES_PER_SIDE]
+        example_queries = [q for q in self.eval_query_ids if q in self.eval_qrels][:EXAMPLES_PER_SIDE]
+        return {
+            "phase": spec.index,
+            "name": spec.name,
+            "items": {"distinct_by_ngram": ngram_histogram(items)},
+            "queries": {"distinct_by_ngram": ngram_histogram(queries)},
+            "examples": {
+                "items": [{"item_id": i, "title": self.item_title[i], "keywords": list(items.get(i, []))} for i in example_items],
+                "queries": [
+                    {"query_id": q, "text": self.query_text[q], "keywords": list(queries.get(q, []))} for q in example_queries
+                ],
+            },
+        }
+
+    # ---------------------------------------------------------------- reading
+    def keywords(self, index: int) -> dict[str, dict[str, list[str]]]:
+        """Keyword sets after phase ``index``: {"items", "queries_train", "queries_eval"}."""
+        path = self.phase_dir(index) / "keywords.json"
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: phase {index} has not finished")
+        return read_json(path)
+
+    def history(self, upto: int | None = None) -> list[dict[str, Any]]:
+        """Metrics of every finished phase, in order (up to phase ``upto`` inclusive)."""
+        out = []
+        for spec in self.schedule():
+            if upto is not None and spec.index > upto:
+                break
+            path = self.phases_dir / spec.name / "metrics.json"
+            if not path.exists():
+                break
+            out.append(read_json(path))
+        return out
+
+    def evaluate(self, index: int | None = None, split: str | None = None) -> dict[str, float]:
+        """Re-evaluate the keyword sets of a finished phase (default: the last) on a split.
+
+        Query keywords for a split other than the run's eval split are generated with the
+        phase's query generator.
+        """
+        from coevo.retrieval.evaluate import evaluate_keyword_retrieval
+
+        history = self.history()
+        if not history:
+            raise ValueError(f"{self.run_dir}: no finished phase to evaluate")
+        index = history[-1]["phase"] if index is None else index
+        split = split or self.cfg.eval_split
+        kw = self.keywords(index)
+        qrels = self.dataset.relevant(split)
+        if split == self.cfg.eval_split:
+            queries = kw["queries_eval"]
+        else:
+            ids = sorted(self.dataset.queries_in(split)["query_id"])
+            gen = self._load_generators(index)[QUERY]
+            sets = self._generate_keywords(gen, self._query_prompts(ids), f"indexing {split} queries", seed=self.seed)
+            queries = {q: list(k) for q, k in zip(ids, sets)}
+        return evaluate_keyword_retrieval(queries, kw["items"], qrels, query_ids=[q for q in queries if q in qrels])
+
+    def best_phase(self) -> int:
+        history = self.history()
+        if not history:
+            raise ValueError(f"{self.run_dir}: no finished phase")
+        return json.loads((self.phase_dir(history[-1]["phase"]) / "history.json").read_text())["early_stopping"]["best_phase"]
+
+    # --------------------------------------------------------------- the loop
+    def run(self, progress: ProgressFn | None = None) -> list[dict[str, Any]]:
+        """Seed, SFT, then the GRPO phases until `rounds` or early stopping; resumes where it stopped.
+
+        ``progress(message)`` is called after every finished phase (e.g. to log it).
+        Returns :meth:`history`.
+        """
+        if self.cfg.sft_init:
+            self.seed_keywords()
+        record = self.sft()
+        if progress:
+            progress(f"{record['name']}: eval f1 {record['eval/f1']:.4f}")
+        for spec in self.schedule()[1:]:
+            previous = read_json(self.phase_dir(spec.index - 1) / "history.json")["early_stopping"]
+            if previous["stop"]:
+                self._say(
+                    f"early stopping: {previous['metric']} has not improved for {previous['stale_phases']} phase(s) "
+                    f"(best {previous['best']:.4f} at phase {previous['best_phase']})"
+                )
+                break
+            record = self.phase(spec.index)
+            if progress:
+                progress(f"{record['name']}: eval f1 {record['eval/f1']:.4f}")
+        return self.history()
+
+
+def _default_generation_batch_size() -> int:
+    import torch
+
+    return 64 if torch.cuda.is_available() else 16
+
+
+def _link_tree(src: Path, dest: Path) -> None:
+    def link(s: str, d: str) -> None:
+        try:
+            Path(d).hardlink_to(s)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dest, copy_function=link)
+
+
+def _dynamics_csv(spec: PhaseSpec, dynamics: Mapping[str, Any]) -> str:
+    buffer = _io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["phase", "name", "side", "ngram", "distinct"])
+    for side in ("items", "queries"):
+        for ngram, count in dynamics[side]["distinct_by_ngram"].items():
+            writer.writerow([spec.index, spec.name, side, ngram, count])
+    return buffer.getvalue()

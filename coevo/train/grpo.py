@@ -1,0 +1,193 @@
+"""GRPO on a :class:`~coevo.models.generator.Generator` through TRL's GRPOTrainer.
+
+``reward_fn(completions: list[str], **columns) -> list[float]`` receives the completion texts
+and, for each one, the extra dataset columns of its prompt (e.g. ``query_id``).
+
+Speed on CPU (see bench/train_step.py): TRL's GRPOConfig defaults to ``bf16=True`` and
+``gradient_checkpointing=True``. On a CPU without native bf16 instructions (no AVX512-BF16 /
+AMX) every bf16 matmul is emulated, about 5x slower than fp32, and checkpointing recomputes
+the forward in backward; together they make a SmolLM2-135M step several times the raw
+forward+backward plus generate it is made of. ``coevo.train.common.trainer_device_args``
+turns checkpointing off and uses bf16 only on CUDA or where the CPU runs it faster than
+fp32; everything else is TRL's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from coevo.config import GRPOParams
+from coevo.models.generator import Generator, seeded
+from coevo.train.common import last_of, limit_cpu_threads, mean_of, trainer_device_args
+
+log = logging.getLogger(__name__)
+
+RewardFn = Callable[..., Sequence[float]]
+
+
+def _completion_text(completion: Any) -> str:
+    # Conversational prompts give [{"role": "assistant", "content": ...}]; plain prompts give str.
+    if isinstance(completion, list):
+        return "".join(str(m.get("content", "")) for m in completion)
+    return str(completion)
+
+
+def wrap_reward(reward_fn: RewardFn, columns: Sequence[str]) -> Callable[..., list[float]]:
+    """Adapt ``reward_fn(completions, **columns)`` to TRL's reward-function calling convention."""
+
+    def reward(prompts, completions, **kwargs) -> list[float]:  # noqa: ARG001 - TRL passes prompts
+        texts = [_completion_text(c) for c in completions]
+        values = reward_fn(texts, **{name: kwargs[name] for name in columns})
+        values = [float(v) for v in values]
+        if len(values) != len(texts):
+            raise ValueError(f"reward function returned {len(values)} values for {len(texts)} completions")
+        return values
+
+    reward.__name__ = getattr(reward_fn, "__name__", type(reward_fn).__name__)
+    return reward
+
+
+def grpo_config(
+    out_dir: str | Path,
+    params: GRPOParams,
+    seed: int,
+    *,
+    epochs: int = 1,
+    max_steps: int | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    use_vllm: bool = False,
+    **overrides: Any,
+):
+    """The GRPOConfig we train with (see the module docstring for the CPU speed settings)."""
+    from trl import GRPOConfig
+
+    settings: dict[str, Any] = {
+        "output_dir": str(out_dir),
+        "per_device_train_batch_size": params.batch_size,
+        "num_generations": params.num_generations,
+        "max_completion_length": params.max_completion_length,
+        "learning_rate": params.learning_rate,
+        "beta": params.beta,
+        "num_train_epochs": epochs,
+        "max_steps": max_steps if max_steps is not None else -1,
+        "temperature": temperature,
+        "top_p": top_p,
+        "use_vllm": use_vllm,
+        "disable_dropout": True,  # same logprobs in the loss as at sampling time
+        "log_completions": False,
+        **trainer_device_args(seed),
+    }
+    if use_vllm:
+        settings["vllm_mode"] = "colocate"
+    settings.update(overrides)
+    return GRPOConfig(**settings)
+
+
+def train_grpo(
+    generator: Generator,
+    prompts: Sequence[dict[str, Any]],
+    reward_fn: RewardFn,
+    params: GRPOParams,
+    out_dir: str | Path,
+    seed: int,
+    *,
+    epochs: int = 1,
+    max_steps: int | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    use_vllm: bool = False,
+    callbacks: Sequence[Any] = (),
+    **config_overrides: Any,
+) -> dict[str, Any]:
+    """Train ``generator.model`` in place with GRPO; return a metrics summary.
+
+    ``prompts``: rows with a ``prompt`` (chat messages or text) and any other columns, which
+    are handed to ``reward_fn`` per completion. Returns ``reward_mean`` (mean over logging
+    steps), ``reward_first``/``reward_last``, ``kl`` (0 when ``beta == 0``: no reference
+    model is kept), ``steps``, ``seconds``, ``step_seconds`` and ``completion_length``.
+    """
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    if not prompts:
+        raise ValueError("train_grpo: no prompts")
+    for row_number, row in enumerate(prompts):
+        if not row.get("prompt"):
+            raise ValueError(f"train_grpo: prompt row {row_number} has no 'prompt'")
+    columns = [k for k in prompts[0] if k != "prompt"]
+    _check_reward_signature(reward_fn, columns)
+    limit_cpu_threads(generator.model)
+    config = grpo_config(
+        out_dir,
+        params,
+        seed,
+        epochs=epochs,
+        max_steps=max_steps,
+        temperature=temperature,
+        top_p=top_p,
+        use_vllm=use_vllm,
+        **config_overrides,
+    )
+    dataset = Dataset.from_list([dict(row) for row in prompts])
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    with seeded(seed):
+        trainer = GRPOTrainer(
+            model=generator.model,
+            reward_funcs=wrap_reward(reward_fn, columns),
+            args=config,
+            train_dataset=dataset,
+            processing_class=generator.tokenizer,
+            callbacks=list(callbacks) or None,
+        )
+        trainer.train()
+    generator.model = trainer.model
+    generator.model.eval()
+    history = trainer.state.log_history
+    steps = int(trainer.state.global_step)
+    seconds = time.perf_counter() - started
+    kl = mean_of(history, "kl")
+    step_seconds = mean_of(history, "step_time") or (seconds / steps if steps else None)
+    completion_length = mean_of(history, "completions/mean_length")
+    return {
+        "reward_mean": mean_of(history, "reward"),
+        "reward_first": next((float(r["reward"]) for r in history if "reward" in r), None),
+        "reward_last": last_of(history, "reward"),
+        "reward_std": mean_of(history, "reward_std"),
+        "kl": kl if kl is not None else 0.0,
+        "entropy": mean_of(history, "entropy"),
+        "completion_length": completion_length,
+        "clipped_ratio": mean_of(history, "completions/clipped_ratio"),
+        "frac_reward_zero_std": mean_of(history, "frac_reward_zero_std"),
+        "loss": mean_of(history, "loss"),
+        "steps": steps,
+        "seconds": seconds,
+        "step_seconds": step_seconds,
+        # Completion tokens sampled per second of training step (generation + loss + update).
+        "tokens_per_s": (completion_length * params.batch_size / step_seconds) if completion_length and step_seconds else None,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+    }
+
+
+def _check_reward_signature(reward_fn: RewardFn, columns: Sequence[str]) -> None:
+    """Fail before training (not after the first rollout) when the reward cannot take the columns."""
+    try:
+        signature = inspect.signature(reward_fn)
+    except (TypeError, ValueError):
+        return
+    parameters = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    missing = [c for c in columns if c not in parameters]
+    if missing:
+        raise ValueError(f"reward function {reward_fn!r} does not accept prompt column(s) {missing}")

@@ -1,0 +1,89 @@
+"""Supervised fine-tuning of a :class:`~coevo.models.generator.Generator` through TRL's SFTTrainer."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from coevo.config import SFTParams
+from coevo.models.generator import Generator, seeded
+from coevo.train.common import last_of, limit_cpu_threads, mean_of, trainer_device_args
+
+log = logging.getLogger(__name__)
+
+
+def _check_examples(examples: Sequence[dict[str, Any]]) -> str:
+    """Return the format name ('prompt_completion' or 'text'); raise naming the first bad row."""
+    if not examples:
+        raise ValueError("train_sft: no training examples")
+    first = examples[0]
+    fmt = "prompt_completion" if "prompt" in first else "text" if "text" in first else None
+    if fmt is None:
+        raise ValueError("train_sft: row 0 needs 'prompt' + 'completion' (chat messages) or 'text'")
+    needed = ("prompt", "completion") if fmt == "prompt_completion" else ("text",)
+    for row_number, row in enumerate(examples):
+        for key in needed:
+            if not row.get(key):
+                raise ValueError(f"train_sft: row {row_number} has no {key!r} (all rows must use one format)")
+    return fmt
+
+
+def train_sft(
+    generator: Generator,
+    examples: Sequence[dict[str, Any]],
+    params: SFTParams,
+    out_dir: str | Path,
+    seed: int,
+    *,
+    max_length: int = 512,
+    max_steps: int | None = None,
+) -> dict[str, Any]:
+    """Fine-tune ``generator.model`` in place on ``examples``; return a metrics summary.
+
+    ``examples``: either conversational prompt/completion rows
+    (``{"prompt": [messages], "completion": [{"role": "assistant", ...}]}``; the loss covers
+    the completion only) or plain ``{"text": ...}`` rows (language modelling on the text).
+    """
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    fmt = _check_examples(examples)
+    limit_cpu_threads(generator.model)
+    columns = ("prompt", "completion") if fmt == "prompt_completion" else ("text",)
+    dataset = Dataset.from_list([{k: row[k] for k in columns} for row in examples])
+    config = SFTConfig(
+        output_dir=str(out_dir),
+        num_train_epochs=params.epochs,
+        max_steps=max_steps if max_steps is not None else -1,
+        learning_rate=params.learning_rate,
+        per_device_train_batch_size=params.batch_size,
+        lr_scheduler_type="linear",
+        warmup_steps=0,
+        max_length=max_length,
+        packing=False,
+        eos_token=generator.tokenizer.eos_token,  # the tokenizer's pad token is used as is
+        **trainer_device_args(seed),
+    )
+    started = time.perf_counter()
+    with seeded(seed):
+        trainer = SFTTrainer(
+            model=generator.model,
+            args=config,
+            train_dataset=dataset,
+            processing_class=generator.tokenizer,
+        )
+        result = trainer.train()
+    generator.model = trainer.model
+    generator.model.eval()
+    history = trainer.state.log_history
+    return {
+        "train/loss": float(result.training_loss),
+        "train/loss_last": last_of(history, "loss"),
+        "train/token_accuracy": mean_of(history, "mean_token_accuracy"),
+        "train/steps": int(trainer.state.global_step),
+        "train/examples": len(examples),
+        "train/seconds": time.perf_counter() - started,
+    }
