@@ -1,0 +1,173 @@
+"""GRAPE rewards: the corpus rank of the relevant item under a frozen retriever.
+
+rank_reward(rank, N) = 1 - 2 (rank - 1) / (N - 1): 1 when the relevant item is first,
+-1 when it is last, linear in between. The rank is exact over all N items (see
+``coevo.retrieval.dense``), so the reward cannot be gamed by raising every score at once,
+which the similarity reward (the ablation, ``SimilarityReward``) allows.
+
+Several relevant items: the reward is the MEAN of the per-item rank rewards. A rewrite
+that brings one of two relevant items to the top and leaves the other in the middle
+earns 0.5, so the rewriter is pushed towards queries that retrieve all of them (the max
+would ignore the others; the min would give no signal until the worst one moves).
+
+Malformed rewrites (empty, or missing the rewrite after a reasoning section, or a
+reasoning section over its token cap) get the minimum reward, -1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from coevo.retrieval.dense import FrozenRetriever
+
+MIN_REWARD = -1.0
+MAX_REWARD = 1.0
+REWRITE_MARKER = "Rewrite:"
+REASONING_MARKER = "Reasoning:"
+_LABEL = re.compile(r"^\s*(?:rewritten query|rewrite|query|search query)\s*[:\-]\s*", re.IGNORECASE)
+_MARKER = re.compile(r"rewrite\s*:", re.IGNORECASE)
+
+
+def rank_reward(rank: Any, n: int) -> Any:
+    """1 - 2 (rank - 1) / (n - 1) for 1-based ``rank`` among ``n`` items (array or scalar).
+
+    A one-item corpus always ranks its item first: reward 1.
+    """
+    if n < 1:
+        raise ValueError(f"rank_reward: corpus size must be >= 1, got {n}")
+    rank_arr = np.asarray(rank, dtype=np.float64)
+    if np.any(rank_arr < 1) or np.any(rank_arr > n):
+        raise ValueError(f"rank_reward: ranks must lie in 1..{n}")
+    out = np.ones_like(rank_arr) if n == 1 else 1.0 - 2.0 * (rank_arr - 1.0) / (n - 1.0)
+    return float(out) if out.ndim == 0 else out
+
+
+def completion_text(completion: Any) -> str:
+    """Text of a TRL completion: a plain string or a conversational list of messages."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], Mapping):
+        return str(completion[-1].get("content", ""))
+    if isinstance(completion, Mapping):
+        return str(completion.get("content", ""))
+    return ""
+
+
+@dataclass
+class RewriteParser:
+    """Extract the rewritten query from a completion; None when the completion is malformed.
+
+    Without reasoning the first non-empty line is the rewrite (a leading label such as
+    ``Rewritten query:`` and wrapping quotes are dropped). With reasoning the completion
+    must read ``<reasoning> Rewrite: <query>``; the reasoning may be at most
+    ``max_reasoning_tokens`` tokens (``count_tokens``; whitespace words by default).
+    """
+
+    reasoning: bool = False
+    max_reasoning_tokens: int = 32
+    count_tokens: Callable[[str], int] | None = None
+
+    def __call__(self, completion: Any) -> str | None:
+        text = completion_text(completion).strip()
+        if self.reasoning:
+            matches = list(_MARKER.finditer(text))
+            if not matches:
+                return None
+            last = matches[-1]
+            thought = text[: last.start()].strip()
+            if thought.lower().startswith(REASONING_MARKER.lower()):
+                thought = thought[len(REASONING_MARKER):].strip()
+            count = self.count_tokens or (lambda s: len(s.split()))
+            if count(thought) > self.max_reasoning_tokens:
+                return None
+            text = text[last.end():]
+        for line in text.splitlines():
+            line = _LABEL.sub("", line).strip().strip("\"'`").strip()
+            if line:
+                return line
+        return None
+
+
+@dataclass
+class _RetrievalReward:
+    """Shared machinery: parse, embed valid rewrites in one batch, score each relevant pair."""
+
+    retriever: FrozenRetriever
+    qrels: Mapping[str, Sequence[str]]
+    parser: RewriteParser = field(default_factory=RewriteParser)
+    last_stats: dict[str, float] = field(default_factory=dict, init=False)
+
+    __name__ = "grape_reward"  # TRL names reward columns after the callable
+
+    def __post_init__(self) -> None:
+        index = self.retriever.index
+        if index is None:
+            raise RuntimeError("the retriever has no corpus index: build or attach it before making a reward")
+        self._rows: dict[str, np.ndarray] = {}
+        for query_id, item_ids in self.qrels.items():
+            if not item_ids:
+                raise ValueError(f"qrels: query {query_id!r} has no relevant item")
+            self._rows[str(query_id)] = index.rows([str(i) for i in item_ids])
+
+    def _pair_values(self, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def __call__(self, query_ids: Sequence[str], completions: Sequence[Any], **_: Any) -> list[float]:
+        if len(query_ids) != len(completions):
+            raise ValueError(f"{len(query_ids)} query ids for {len(completions)} completions")
+        rewards = np.full(len(completions), MIN_REWARD, dtype=np.float64)
+        rewrites = [self.parser(c) for c in completions]
+        valid = [i for i, r in enumerate(rewrites) if r]
+        for i in valid:
+            if str(query_ids[i]) not in self._rows:
+                raise KeyError(f"query id {query_ids[i]!r} has no qrels")
+        if valid:
+            embs = self.retriever.embed_queries([rewrites[i] for i in valid])
+            # One (query, relevant item) pair per row; several relevant items repeat the query.
+            owners = np.concatenate([np.full(len(self._rows[str(query_ids[i])]), j) for j, i in enumerate(valid)])
+            rows = np.concatenate([self._rows[str(query_ids[i])] for i in valid])
+            values = self._pair_values(embs[owners], rows)
+            sums = np.bincount(owners, weights=values, minlength=len(valid))
+            counts = np.bincount(owners, minlength=len(valid))
+            rewards[valid] = np.clip(sums / counts, MIN_REWARD, MAX_REWARD)
+        self.last_stats = {"malformed_fraction": 1.0 - len(valid) / max(len(completions), 1),
+                           "reward_mean": float(rewards.mean()) if len(rewards) else 0.0}
+        return rewards.tolist()
+
+
+@dataclass
+class RankReward(_RetrievalReward):
+    """GRPO reward: mean over relevant items of rank_reward(exact corpus rank, N)."""
+
+    __name__ = "rank_reward"
+
+    def _pair_values(self, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        index = self.retriever.index
+        assert index is not None
+        return rank_reward(index.exact_ranks(query_embs, rows), len(index))
+
+
+@dataclass
+class SimilarityReward(_RetrievalReward):
+    """Ablation: mean cosine similarity of the relevant items (inflatable, see module doc)."""
+
+    __name__ = "similarity_reward"
+
+    def _pair_values(self, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        index = self.retriever.index
+        assert index is not None
+        return index.pair_scores(query_embs, rows).astype(np.float64)
+
+
+def make_reward(kind: str, retriever: FrozenRetriever, qrels: Mapping[str, Sequence[str]],
+                parser: RewriteParser | None = None) -> _RetrievalReward:
+    """``rank`` (GRAPE) or ``similarity`` (ablation)."""
+    classes = {"rank": RankReward, "similarity": SimilarityReward}
+    if kind not in classes:
+        raise ValueError(f"grape.reward: unknown reward {kind!r} (expected rank or similarity)")
+    return classes[kind](retriever, qrels, parser or RewriteParser())

@@ -1,0 +1,96 @@
+"""GRAPE rewards: rank formula, several relevant items, malformed rewrites, similarity ablation."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from coevo.retrieval.dense import FrozenRetriever
+from coevo.rewards.grape import RankReward, RewriteParser, SimilarityReward, make_reward, rank_reward
+
+
+class BagOfLettersRetriever(FrozenRetriever):
+    """Deterministic toy encoder: letter counts a..z (so tests know every score)."""
+
+    kind, name = "letters", "a-z"
+
+    @staticmethod
+    def _vec(text: str) -> np.ndarray:
+        v = np.zeros(26, np.float32)
+        for ch in text.lower():
+            if "a" <= ch <= "z":
+                v[ord(ch) - 97] += 1
+        return v
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([self._vec(t) for t in texts])
+
+    def embed_items(self, items: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        return np.stack([self._vec(it["title"]) for it in items])
+
+
+@pytest.fixture
+def retriever() -> BagOfLettersRetriever:
+    r = BagOfLettersRetriever()
+    r.index_corpus([{"item_id": c, "title": c * 3} for c in "abcde"])
+    return r
+
+
+def test_rank_reward_formula():
+    assert rank_reward(1, 10) == 1.0
+    assert rank_reward(10, 10) == -1.0
+    assert rank_reward(4, 7) == pytest.approx(0.0)
+    np.testing.assert_allclose(rank_reward(np.array([1, 2, 3]), 3), [1.0, 0.0, -1.0])
+    assert rank_reward(1, 1) == 1.0
+    with pytest.raises(ValueError):
+        rank_reward(0, 5)
+    with pytest.raises(ValueError):
+        rank_reward(6, 5)
+
+
+def test_rank_reward_uses_exact_corpus_rank(retriever):
+    reward = RankReward(retriever, {"q1": ["a"], "q2": ["e"]})
+    # "aaa" puts a first, "eeee" puts e first (reward 1.0 each)
+    values = reward(["q1", "q2", "q1"], ["aaa", "eeee", "b"])
+    assert values[0] == 1.0 and values[1] == 1.0
+    # for "b": item b scores 1, the rest 0 and tie -> a has rank 2 -> 1 - 2*1/4 = 0.5
+    assert values[2] == pytest.approx(0.5)
+
+
+def test_several_relevant_items_average(retriever):
+    reward = RankReward(retriever, {"q": ["a", "c"]})
+    # "aaab": a rank 1 (1.0); c ties with d, e at 0 behind a and b -> rank 3 -> 0.0; mean 0.5
+    assert reward(["q"], ["aaab"]) == [pytest.approx(0.5)]
+
+
+def test_malformed_rewrites_get_minimum(retriever):
+    reward = RankReward(retriever, {"q": ["a"]})
+    assert reward(["q", "q", "q"], ["", "   \n ", [{"role": "assistant", "content": "aaa"}]]) == [-1.0, -1.0, 1.0]
+    assert reward.last_stats["malformed_fraction"] == pytest.approx(2 / 3)
+    with pytest.raises(KeyError, match="no qrels"):
+        reward(["other"], ["aaa"])
+    with pytest.raises(ValueError, match="no relevant item"):
+        RankReward(retriever, {"q": []})
+
+
+def test_reasoning_parser_caps_length():
+    parser = RewriteParser(reasoning=True, max_reasoning_tokens=5)
+    assert parser("Reasoning: short thought here\nRewrite: weather tomorrow") == "weather tomorrow"
+    assert parser("just a query without marker") is None
+    assert parser("Reasoning: " + "word " * 6 + "\nRewrite: x") is None
+    assert parser("Reasoning: ok\nRewrite:   ") is None
+    plain = RewriteParser()
+    assert plain('Rewritten query: "find cheap flights"\nextra') == "find cheap flights"
+
+
+def test_similarity_reward_is_the_cosine(retriever):
+    reward = SimilarityReward(retriever, {"q": ["a"]})
+    values = reward(["q", "q"], ["aaa", "ab"])
+    assert values[0] == pytest.approx(1.0)
+    assert values[1] == pytest.approx(1 / np.sqrt(2), abs=1e-6)
+    assert isinstance(make_reward("rank", retriever, {"q": ["a"]}), RankReward)
+    with pytest.raises(ValueError, match="unknown reward"):
+        make_reward("bleu", retriever, {"q": ["a"]})
