@@ -98,6 +98,7 @@ class CoGRParams(Section):
     rounds: int = Field(2, ge=0)
     eval_split: Literal["val", "test"] = "val"
     max_train_queries: int | None = Field(None, ge=1)
+    seed_temperature: float = Field(0.7, gt=0.0, le=5.0)  # G_0 sampling for Algorithm 1 seeds
     lora: LoraParams = Field(default_factory=LoraParams)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     sft: SFTParams = Field(default_factory=SFTParams)

@@ -170,3 +170,22 @@ def test_ablation_switches(toy_dataset, params_file, tmp_path):
     assert (run.phase_dir(1) / "generators" / "shared" / "generator.json").exists()
     assert json.loads((run.phase_dir(1) / "history.json").read_text())["early_stopping"]["stop"] is True
     assert len(InvertedIndex.load(run.phase_dir(1) / "indexes" / "queries.jsonl")) == 6 + 5  # capped train + val
+
+
+def test_seed_keywords_sample_g0_at_seed_temperature(toy_dataset, params_file, tmp_path, monkeypatch):
+    """Algorithm 1 samples G_0 at cogr.seed_temperature, not the GRPO rollout temperature."""
+    from coevo.models.generator import Generator
+
+    torch.set_num_threads(1)
+    params = _params(params_file, ["cogr.seed_temperature=0.3", "cogr.sampling.temperature=1.0"])
+    temperatures: list[float] = []
+    real_generate = Generator.generate
+
+    def spy(self, prompts, **kwargs):
+        temperatures.append(kwargs["temperature"])
+        return real_generate(self, prompts, **kwargs)
+
+    monkeypatch.setattr(Generator, "generate", spy)
+    summary = CoGRRun(tmp_path / "seed_temp", params, toy_dataset, progress=False).seed_keywords()
+    assert temperatures == [0.3]
+    assert summary["items"] == len(TOOLS)

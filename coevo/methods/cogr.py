@@ -285,7 +285,7 @@ class CoGRRun:
         samples = g0.generate(
             self._item_prompts(self.item_ids),
             num_return_sequences=SEED_SAMPLES,
-            temperature=self.cfg.sampling.temperature,
+            temperature=self.cfg.seed_temperature,
             top_p=self.cfg.sampling.top_p,
             max_new_tokens=self.cfg.sampling.max_new_tokens,
             seed=seed,

@@ -1,0 +1,54 @@
+"""Plot and table helpers: real PNGs, CSVs that round-trip, tables that show every row."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from coevo import report
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_metric_per_phase_plot_writes_a_png(tmp_path: Path):
+    out = report.plot_metric_per_phase(
+        [0, 1, 2], [0.2, 0.25, 0.3], tmp_path / "f1.png", start=0.2, baseline=0.28, labels=["sft", "q", "i"]
+    )
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(ValueError, match="2 steps but 3 values"):
+        report.plot_metric_per_phase([0, 1], [0.1, 0.2, 0.3], tmp_path / "bad.png")
+    assert not (tmp_path / "bad.png").exists()
+
+
+def test_series_and_grouped_plots(tmp_path: Path):
+    report.plot_series([0, 10, 20], {"recall@1": [0.1, 0.2, 0.15], "mean_sim": [0.3, 0.5, 0.7]},
+                       tmp_path / "monitor.png", secondary=["mean_sim"])
+    rows = [{"phase": p, "side": s, "ngram": n, "distinct": p * 10 + n}
+            for p in range(3) for s in ("items", "queries") for n in (1, 2, 3)]
+    report.plot_grouped_counts(rows, tmp_path / "dyn.png", x="phase", group="ngram", value="distinct", facet="side")
+    for name in ("monitor.png", "dyn.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(ValueError, match="series 'x'"):
+        report.plot_series([0, 1], {"x": [1.0]}, tmp_path / "bad.png")
+
+
+def test_csv_round_trip(tmp_path: Path):
+    rows = [{"phase": 0, "f1": 0.5, "name": "a|b"}, {"phase": 1, "f1": 0.6, "extra": "x"}]
+    path = report.write_csv(rows, tmp_path / "plots" / "p.csv")
+    back = list(csv.DictReader(path.open()))
+    assert [r["phase"] for r in back] == ["0", "1"]
+    assert back[0]["extra"] == "" and back[1]["extra"] == "x"
+    assert report.rows_to_csv(rows, ["f1"]).splitlines() == ["f1", "0.5", "0.6"]
+
+
+def test_metrics_table_shows_every_row_and_marks_the_best():
+    rows = [{"label": "BM25", "f1": 0.31, "recall@100": 0.9, "ndcg@10": 0.5},
+            {"label": "SFT", "f1": 0.40, "recall@100": None, "ndcg@10": 0.6}]
+    console = Console(record=True, width=100)
+    console.print(report.metrics_table(rows, title="results"))
+    text = console.export_text()
+    assert "BM25" in text and "SFT" in text and "0.4000" in text and "0.3100" in text
+    assert "-" in text  # a missing value is shown, not dropped

@@ -1,0 +1,106 @@
+"""MLflow tracking helpers: fail-fast reachability, stable metric names, one run with everything."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks.tracking import Tracker, TrackingError, check_reachable, metric_name, phase_metrics
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: nothing listens there
+
+
+def test_unreachable_remote_uri_fails_fast_with_a_clear_message():
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    started = time.perf_counter()
+    with pytest.raises(TrackingError, match="unreachable") as info:
+        check_reachable(uri, timeout_s=2.0)
+    assert time.perf_counter() - started < 5
+    assert uri in str(info.value) and "sqlite:///mlflow.db" in str(info.value)
+
+
+def test_unresolvable_host_fails_fast():
+    with pytest.raises(TrackingError):
+        check_reachable("http://no-such-host.invalid:5000", timeout_s=2.0)
+
+
+def test_local_store_needs_an_existing_folder(tmp_path: Path):
+    check_reachable(f"sqlite:///{tmp_path}/mlflow.db")
+    with pytest.raises(TrackingError, match="does not exist"):
+        check_reachable(f"sqlite:///{tmp_path}/missing/dir/mlflow.db")
+
+
+def test_metric_names_are_mlflow_safe_and_stable():
+    assert metric_name("eval/recall@100") == "eval/recall_at_100"
+    assert metric_name("eval/f1") == "eval/f1"
+    record = {"eval/f1": 0.5, "train/kl": 0.1, "phase": 3, "name": "03_query", "eval/bad": float("nan")}
+    assert phase_metrics(record) == {"eval/f1": 0.5, "train/kl": 0.1}
+
+
+def test_tracker_logs_params_steps_tags_and_artifacts(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "table.csv").write_text("a,b\n1,2\n")
+    uri = "sqlite:///mlflow.db"
+    with Tracker(uri=uri, artifact_root="mlruns", experiment="cogr") as tracker:
+        tracker.log_params({"cogr.rounds": 2, "cogr.lora.target_modules": ["q_proj", "v_proj"]})
+        for step, f1 in enumerate([0.1, 0.2, 0.3]):
+            tracker.log_metrics({"eval/f1": f1, "eval/recall@100": f1 * 2, "eval/skip": float("inf")}, step=step)
+        tracker.set_tags({"git.commit": "abc"})
+        tracker.log_artifact(tmp_path / "report", "report")
+        tracker.log_json({"f1": 0.3}, "metrics.json")
+        run_id = tracker.run_id
+        assert tracker.run_url().endswith(f"/runs/{run_id}")
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracker.uri)  # absolute: MLflow caches stores by URI string
+    assert tracker.uri == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.params["cogr.rounds"] == "2"
+    assert run.data.params["cogr.lora.target_modules"] == '["q_proj", "v_proj"]'
+    assert run.data.tags["git.commit"] == "abc"
+    history = client.get_metric_history(run_id, "eval/f1")
+    assert [(m.step, m.value) for m in sorted(history, key=lambda m: m.step)] == [(0, 0.1), (1, 0.2), (2, 0.3)]
+    assert "eval/recall_at_100" in run.data.metrics and "eval/skip" not in run.data.metrics
+    names = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "report")}
+    assert {"metrics.json", "report/table.csv"} <= names
+    # artifacts live under the configured root, one folder per experiment
+    assert (tmp_path / "mlruns" / "cogr" / run_id / "artifacts" / "metrics.json").exists()
+
+
+def test_failed_block_marks_the_run_failed(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError):
+        with Tracker(uri="sqlite:///mlflow.db", artifact_root="mlruns", experiment="grape") as tracker:
+            raise RuntimeError("boom")
+    from mlflow.tracking import MlflowClient
+
+    assert MlflowClient(tracker.uri).get_run(tracker.run_id).info.status == "FAILED"
+
+
+def test_cli_rejects_bad_params_and_unreachable_store_before_any_work(tmp_path: Path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from coevo.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    params = Path(__file__).resolve().parents[1] / "params.yaml"
+    runner = CliRunner()
+    bad = runner.invoke(app, ["run", "cogr", "--params", str(params), "--set", "cogr.rounds=-1"])
+    assert bad.exit_code == 2 and "cogr.rounds" in bad.output
+    started = time.perf_counter()
+    unreachable = runner.invoke(
+        app, ["run", "cogr", "--params", str(params), "--set", f"tracking.uri=http://127.0.0.1:{_closed_port()}"]
+    )
+    assert unreachable.exit_code == 2 and "unreachable" in unreachable.output
+    assert time.perf_counter() - started < 10
+    assert not (tmp_path / "data").exists() and not (tmp_path / ".prefect").exists()  # nothing ran
