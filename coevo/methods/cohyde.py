@@ -1,0 +1,537 @@
+"""CoHyDE: co-train a HyDE rewriter (tool descriptions) and a dense encoder, as idempotent phases.
+
+Phases over one run directory, each writing its checkpoint atomically and returning the
+stored result when it is already there (so a crashed run resumes at the last finished
+phase, and an orchestrator can wrap each phase in a task):
+
+- ``s1a()``       fine-tune the encoder on (query, tool) pairs, tools in random formats
+- ``s1b()``       warm the rewriter by next-token training on the tool corpus (5 formats)
+- ``round(r)``    S2 one greedy description per training query; S3 continue training the
+                  encoder on (description, tool) pairs only; S4 sample ``num_samples``
+                  descriptions at ``sample_temperature``, score each by NDCG@5 under the new
+                  encoder, DPO on best vs worst (ties dropped)
+- ``evaluate(stage)``  NDCG@5 and Recall@5 per group (G1, G2, G3) and overall, on the val
+                  and test splits, for ``raw``, ``s1a``, ``hyde`` (untrained rewriter + S1a
+                  encoder) and ``round_<r>``. Rewriter stages encode only the description.
+- ``run()``       everything, with early stopping across rounds; ``history()`` the table.
+
+Layout of ``run_dir``::
+
+    base_generator/            the untrained rewriter (shared start of S1b and vanilla HyDE)
+    s1a/encoder/ s1a/index/    encoder checkpoint and its faiss corpus index
+    s1b/generator/
+    round_<r>/s2.json  encoder/ index/ s3.json  s4.json pairs.json  generator/  done.json
+    eval/<stage>.json          metrics (+ example descriptions)
+    state.json                 finished phases and early-stopping decision
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coevo.config import CoHyDEParams
+from coevo.data.render import FORMATS, render_tool
+from coevo.io import read_json, write_json
+
+log = logging.getLogger(__name__)
+
+REWRITER_SYSTEM = (
+    "You write documentation for API tools. Given a user request, write the description of the "
+    "one tool that would serve it: the tool name, the API name and what the API does. "
+    "Answer with the description only."
+)
+EVAL_SPLITS = ("val", "test")
+METRIC_KS = (5,)
+RAW, S1A, HYDE = "raw", "s1a", "hyde"
+# Warm-up texts are cut here: long parameter lists add memory and time, not tool vocabulary.
+WARMUP_MAX_TOKENS = 256
+
+
+def rewriter_messages(query: str) -> list[dict[str, str]]:
+    """The rewriter's chat prompt for one user query."""
+    return [
+        {"role": "system", "content": REWRITER_SYSTEM},
+        {"role": "user", "content": f"Request: {' '.join(query.split())}\nTool description:"},
+    ]
+
+
+def query_group(group: Any) -> str:
+    """Group prefix used for reporting: ``G1_instruction`` -> ``G1`` (missing -> ``all``)."""
+    if not isinstance(group, str) or not group.strip():
+        return "all"
+    return group.split("_", 1)[0]
+
+
+def round_stage(r: int) -> str:
+    return f"round_{r}"
+
+
+class CoHyDERun:
+    """One CoHyDE run: phases over ``run_dir`` on the processed dataset in ``dataset_dir``."""
+
+    def __init__(self, run_dir: str | Path, params: CoHyDEParams, dataset_dir: str | Path, seed: int = 42,
+                 device: str | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.params = params
+        self.dataset_dir = Path(dataset_dir)
+        self.seed = seed
+        self.device = device
+        self._dataset = None
+        self._items: dict[str, dict[str, Any]] | None = None
+        self._encoders: dict[str, Any] = {}
+        self._indexes: dict[str, Any] = {}
+        self._loaded_generator: tuple[str, Any] | None = None
+
+    # ------------------------------------------------------------------ data
+    @property
+    def dataset(self):
+        if self._dataset is None:
+            from coevo.data.schema import Dataset
+
+            self._dataset = Dataset.load(self.dataset_dir)
+        return self._dataset
+
+    @property
+    def items(self) -> dict[str, dict[str, Any]]:
+        """item_id -> row (dict), in corpus order."""
+        if self._items is None:
+            frame = self.dataset.items
+            self._items = {str(row["item_id"]): row for row in frame.to_dict(orient="records")}
+        return self._items
+
+    def _queries(self, split: str) -> list[dict[str, Any]]:
+        """Queries of ``split`` that have at least one relevant item: {query_id, text, group, relevant}."""
+        relevant = self.dataset.relevant(split)
+        frame = self.dataset.queries_in(split)
+        out = []
+        for row in frame.to_dict(orient="records"):
+            qid = str(row["query_id"])
+            rel = {str(i): int(g) for i, g in relevant.get(qid, {}).items() if int(g) > 0}
+            if rel:
+                out.append({"query_id": qid, "text": str(row["text"]), "group": row.get("group"), "relevant": rel})
+        return out
+
+    def train_queries(self) -> list[dict[str, Any]]:
+        queries = self._queries("train")
+        if len(queries) < 2:
+            raise ValueError(f"{self.dataset_dir}: CoHyDE needs at least 2 training queries with relevant tools, "
+                             f"found {len(queries)}")
+        cap = self.params.max_train_queries
+        if cap is not None and len(queries) > cap:
+            # A seeded subset that keeps the query order (the cap is for CPU-sized runs).
+            keep = sorted(random.Random(self.seed).sample(range(len(queries)), cap))
+            queries = [queries[i] for i in keep]
+        return queries
+
+    def _render(self, item_id: str, fmt: str) -> str:
+        try:
+            row = self.items[item_id]
+        except KeyError:
+            raise KeyError(f"{self.dataset_dir}: qrels name item {item_id!r}, "
+                           "which is not in the items table") from None
+        return render_tool(row, fmt)
+
+    def _pairs(self, anchors: Sequence[tuple[str, Mapping[str, int]]], salt: int) -> list[tuple[str, str]]:
+        """(anchor, tool in a random format) for every relevant tool of every anchor."""
+        rng = random.Random(self.seed * 1000 + salt)
+        return [(text, self._render(item_id, rng.choice(FORMATS)))
+                for text, relevant in anchors for item_id in sorted(relevant)]
+
+    # ------------------------------------------------------------- artifacts
+    def _stage_dir(self, stage: str) -> Path:
+        return self.run_dir / stage
+
+    def _encoder_dir(self, stage: str) -> Path:
+        return self._stage_dir(stage) / "encoder"
+
+    def _generator_dir(self, stage: str) -> Path:
+        return self.run_dir / "base_generator" if stage in (HYDE, "base") else self._stage_dir(stage) / "generator"
+
+    def _encoder(self, stage: str):
+        """The encoder of a stage: ``raw`` is the named model, others load their checkpoint."""
+        if stage not in self._encoders:
+            from coevo.models.encoder import load_text_encoder
+
+            name = self.params.encoder if stage == RAW else str(self._encoder_dir(stage))
+            self._encoders = {stage: load_text_encoder(name, device=self.device)}  # keep one in memory
+        return self._encoders[stage]
+
+    def _index(self, stage: str):
+        """The corpus index of an encoder stage; built and saved (versioned) on first use."""
+        from coevo.retrieval.dense import DenseIndex
+
+        if stage in self._indexes:
+            return self._indexes[stage]
+        path = self._stage_dir(stage) / "index"
+        encoder_id = f"cohyde:{stage}:{self.params.index_format}"
+        index = DenseIndex.load(path) if (path / "manifest.json").exists() else None
+        if index is None or index.encoder != encoder_id or index.ids != list(self.items):
+            # Missing, or built from another rendering or corpus: rebuild it.
+            from coevo.rewards.cohyde import encode_texts
+
+            ids = list(self.items)
+            texts = [self._render(i, self.params.index_format) for i in ids]
+            log.info("indexing %d tools with the %s encoder", len(ids), stage)
+            emb = encode_texts(self._encoder(stage), texts, progress=len(texts) > 256)
+            index = DenseIndex.build(ids, emb, encoder=encoder_id)
+            index.save(path)
+        self._indexes = {stage: index}
+        return index
+
+    def _base_generator(self):
+        from coevo.models.generator import Generator
+
+        path = self._generator_dir("base")
+        if (path / "generator.json").exists():
+            return Generator.load(path)
+        corpus = [self._render(i, fmt) for i in self.items for fmt in FORMATS]
+        corpus += [q["text"] for q in self.train_queries()]
+        generator = Generator.create(self.params.generator, lora=self.params.lora, seed=self.seed, corpus=corpus)
+        generator.save(path)
+        return generator
+
+    def _generator(self, stage: str):
+        """The rewriter of a stage (one kept in memory; trained in place, then re-keyed)."""
+        from coevo.models.generator import Generator
+
+        stage = "base" if stage == HYDE else stage
+        if self._loaded_generator is None or self._loaded_generator[0] != stage:
+            generator = self._base_generator() if stage == "base" else Generator.load(self._generator_dir(stage))
+            self._loaded_generator = (stage, generator)
+        return self._loaded_generator[1]
+
+    def _set_threads(self) -> None:
+        import torch
+
+        if not torch.cuda.is_available():
+            torch.set_num_threads(1)  # shared CPUs; the models here are small
+
+    # ---------------------------------------------------------------- phases
+    def s1a(self) -> dict[str, Any]:
+        """S1a: fine-tune the encoder on (query, tool) pairs; build its index."""
+        marker = self._stage_dir(S1A) / "done.json"
+        if marker.exists():
+            return read_json(marker)
+        from coevo.train.encoder import train_encoder
+
+        self._set_threads()
+        queries = self.train_queries()
+        pairs = self._pairs([(q["text"], q["relevant"]) for q in queries], salt=1)
+        encoder = self._encoder(RAW)
+        stats = train_encoder(encoder, pairs, self.params.encoder_training, self._encoder_dir(S1A), self.seed)
+        self._encoders = {}
+        index = self._index(S1A)
+        result = {"stage": S1A, "train_queries": len(queries), "encoder": stats,
+                  "index": index.manifest()}
+        write_json(marker, result)
+        return result
+
+    def s1b(self) -> dict[str, Any]:
+        """S1b: next-token warm-up of the rewriter on the tool corpus rendered in several formats."""
+        marker = self._stage_dir("s1b") / "done.json"
+        if marker.exists():
+            return read_json(marker)
+        from coevo.train.sft import train_sft
+
+        self._set_threads()
+        generator = self._generator("base")
+        self._loaded_generator = None  # trained in place below: no longer the base rewriter
+        rng = random.Random(self.seed * 1000 + 2)
+        per_item = self.params.warmup_formats_per_item
+        texts = [self._render(item_id, fmt) for item_id in self.items
+                 for fmt in (FORMATS if per_item == len(FORMATS) else rng.sample(FORMATS, per_item))]
+        cap = self.params.warmup_max_examples
+        if cap is not None and len(texts) > cap:
+            texts = [texts[i] for i in sorted(rng.sample(range(len(texts)), cap))]
+        with tempfile.TemporaryDirectory(prefix="coevo-sft-") as scratch:
+            stats = train_sft(generator, [{"text": t} for t in texts], self.params.warmup, scratch, self.seed,
+                              max_length=WARMUP_MAX_TOKENS)
+        generator.save(self._generator_dir("s1b"))
+        self._loaded_generator = ("s1b", generator)
+        result = {"stage": "s1b", "examples": len(texts), "sft": _jsonable(stats)}
+        write_json(marker, result)
+        return result
+
+    def describe(self, generator, queries: Sequence[Mapping[str, Any]], *, what: str) -> list[str]:
+        """One greedy description per query (S2 and evaluation)."""
+        outs = generator.generate([rewriter_messages(q["text"]) for q in queries], num_return_sequences=1,
+                                  temperature=0.0, max_new_tokens=self.params.max_new_tokens,
+                                  seed=self.seed, description=what)
+        return [o[0] for o in outs]
+
+    def _round_inputs(self, r: int) -> tuple[str, str, str]:
+        """(stage, previous generator stage, previous encoder stage); earlier phases run first."""
+        if r < 1:
+            raise ValueError(f"rounds are numbered from 1, got {r}")
+        if r == 1:
+            self.s1a()
+            self.s1b()
+            return round_stage(1), "s1b", S1A
+        if not (self._stage_dir(round_stage(r - 1)) / "done.json").exists():
+            self.round(r - 1)
+        prev = round_stage(r - 1)
+        return round_stage(r), prev, prev
+
+    def s2(self, r: int) -> list[str]:
+        """S2 of round r: one greedy description per training query with the current rewriter."""
+        stage, prev_gen, _ = self._round_inputs(r)
+        path = self._stage_dir(stage) / "s2.json"
+        if path.exists():
+            return read_json(path)["descriptions"]
+        self._set_threads()
+        queries = self.train_queries()
+        descriptions = self.describe(self._generator(prev_gen), queries, what=f"{stage} S2")
+        write_json(path, {"query_ids": [q["query_id"] for q in queries], "descriptions": descriptions})
+        return descriptions
+
+    def s3(self, r: int) -> dict[str, Any]:
+        """S3 of round r: continue training the encoder on (description, tool) pairs only; re-index."""
+        stage, _, prev_enc = self._round_inputs(r)
+        path = self._stage_dir(stage) / "s3.json"
+        if path.exists():
+            return read_json(path)
+        from coevo.train.encoder import train_encoder
+
+        descriptions = self.s2(r)
+        self._set_threads()
+        queries = self.train_queries()
+        # Empty generations carry no text to train on; they still count in S4 and evaluation.
+        anchors = [(d, q["relevant"]) for d, q in zip(descriptions, queries) if d.strip()]
+        pairs = self._pairs(anchors, salt=10 + r)
+        if len(pairs) < 2:
+            raise ValueError(f"{stage} S3: only {len(pairs)} (description, tool) pairs; the rewriter produced "
+                             "empty descriptions for almost every query")
+        encoder = self._encoder(prev_enc)
+        stats = train_encoder(encoder, pairs, self.params.encoder_training, self._encoder_dir(stage), self.seed + r)
+        self._encoders, self._indexes = {}, {}
+        result = {"encoder": stats, "index": self._index(stage).manifest(),
+                  "empty_descriptions": len(descriptions) - len(anchors)}
+        write_json(path, result)
+        return result
+
+    def s4_sample(self, r: int) -> list[list[str]]:
+        """S4 of round r, first half: ``num_samples`` descriptions per query at ``sample_temperature``."""
+        stage, prev_gen, _ = self._round_inputs(r)
+        path = self._stage_dir(stage) / "s4_samples.json"
+        if path.exists():
+            return read_json(path)["samples"]
+        self._set_threads()
+        queries = self.train_queries()
+        samples = self._generator(prev_gen).generate(
+            [rewriter_messages(q["text"]) for q in queries], num_return_sequences=self.params.num_samples,
+            temperature=self.params.sample_temperature, top_p=1.0, max_new_tokens=self.params.max_new_tokens,
+            seed=self.seed + r, description=f"{stage} S4 sampling")
+        write_json(path, {"query_ids": [q["query_id"] for q in queries], "samples": samples})
+        return samples
+
+    def s4_score(self, r: int) -> dict[str, Any]:
+        """S4 of round r, second half: NDCG@5 of every sample under the new encoder; mine DPO pairs."""
+        stage, prev_gen, _ = self._round_inputs(r)
+        path = self._stage_dir(stage) / "s4.json"
+        if path.exists():
+            return read_json(path)
+        from coevo.rewards.cohyde import mine_dpo_pairs, score_descriptions
+
+        self.s3(r)
+        samples = self.s4_sample(r)
+        self._set_threads()
+        queries = self.train_queries()
+        scores = score_descriptions(self._encoder(stage), self._index(stage), samples,
+                                    [q["relevant"] for q in queries], k=5)
+        generator = self._generator(prev_gen)
+        prompts = [generator.render(rewriter_messages(q["text"])) for q in queries]
+        pairs, mining = mine_dpo_pairs(prompts, samples, scores)
+        write_json(self._stage_dir(stage) / "pairs.json", pairs)
+        result = {"mining": mining, "scores": scores.tolist(), "query_ids": [q["query_id"] for q in queries]}
+        write_json(path, result)
+        return result
+
+    def dpo(self, r: int) -> dict[str, Any]:
+        """DPO of round r on the mined pairs (beta ``dpo_beta``); saves the round's rewriter."""
+        stage, prev_gen, _ = self._round_inputs(r)
+        out = self._generator_dir(stage)
+        if (out / "generator.json").exists() and (self._stage_dir(stage) / "dpo.json").exists():
+            return read_json(self._stage_dir(stage) / "dpo.json")
+        self.s4_score(r)
+        pairs = read_json(self._stage_dir(stage) / "pairs.json")
+        self._set_threads()
+        generator = self._generator(prev_gen)
+        self._loaded_generator = None  # trained in place below
+        if pairs:
+            from coevo.train.dpo import train_dpo
+
+            stats = train_dpo(generator, pairs, self.params.dpo, self.params.dpo_beta, out, self.seed + r)
+        else:
+            # Every query tied: no preference signal, the rewriter carries over unchanged.
+            generator.save(out)
+            stats = {"pairs": 0, "skipped": "all sampled descriptions tied"}
+        write_json(self._stage_dir(stage) / "dpo.json", stats)
+        self._loaded_generator = (stage, generator)
+        return stats
+
+    def round(self, r: int) -> dict[str, Any]:
+        """One CoHyDE round: S2, S3, S4 (sample, score, mine) and DPO; resumes at the last finished step."""
+        stage, _, _ = self._round_inputs(r)
+        done = self._stage_dir(stage) / "done.json"
+        if done.exists():
+            return read_json(done)
+        s3 = self.s3(r)
+        s4 = self.s4_score(r)
+        dpo = self.dpo(r)
+        result = {"stage": stage, "round": r, "train_queries": len(self.train_queries()), "encoder": s3["encoder"],
+                  "index": s3["index"], "empty_descriptions": s3["empty_descriptions"],
+                  "mining": s4["mining"], "dpo": dpo}
+        write_json(done, result)
+        return result
+
+    # ------------------------------------------------------------ evaluation
+    def evaluate(self, stage: str) -> dict[str, Any]:
+        """NDCG@5 / Recall@5 per group and overall on the val and test splits for ``stage``."""
+        path = self.run_dir / "eval" / f"{stage}.json"
+        if path.exists():
+            return read_json(path)
+        if stage == RAW:
+            encoder_stage, generator_stage = RAW, None
+        elif stage == S1A:
+            self.s1a()
+            encoder_stage, generator_stage = S1A, None
+        elif stage == HYDE:
+            self.s1a()
+            encoder_stage, generator_stage = S1A, HYDE
+        elif stage.startswith("round_") and stage[6:].isdigit():
+            self.round(int(stage[6:]))
+            encoder_stage = generator_stage = stage
+        else:
+            raise ValueError(f"unknown CoHyDE stage {stage!r}: expected raw, s1a, hyde or round_<r>")
+        self._set_threads()
+        from coevo.rewards.cohyde import encode_texts
+
+        generator = self._generator(generator_stage) if generator_stage else None
+        encoder, index = self._encoder(encoder_stage), self._index(encoder_stage)
+        result: dict[str, Any] = {"stage": stage, "splits": {}, "examples": {}}
+        for split in EVAL_SPLITS:
+            queries = self._queries(split)
+            if not queries:
+                continue
+            if generator is not None:
+                texts = self.describe(generator, queries, what=f"{stage} eval {split}")
+                result["examples"][split] = [{"query": q["text"], "description": d}
+                                             for q, d in zip(queries[:5], texts[:5])]
+            else:
+                texts = [q["text"] for q in queries]
+            rankings = index.rank_corpus(encode_texts(encoder, texts), max(METRIC_KS))
+            result["splits"][split] = grouped_metrics(queries, rankings)
+        if not result["splits"]:
+            raise ValueError(f"{self.dataset_dir}: no val or test queries with relevant tools to evaluate on")
+        write_json(path, result)
+        return result
+
+    def monitor_split(self) -> str:
+        return "val" if self._queries("val") else "test"
+
+    # -------------------------------------------------------------- pipeline
+    def run(self) -> list[dict[str, Any]]:
+        """All phases and evaluations, rounds with early stopping; returns :meth:`history`."""
+        for stage in (RAW, S1A):
+            self.evaluate(stage)
+        self.s1b()
+        self.evaluate(HYDE)
+        state_path = self.run_dir / "state.json"
+        saved = read_json(state_path) if state_path.exists() else {}
+        metric = self.params.early_stopping.metric
+        split = self.monitor_split()
+        # Rounds must beat the system they start from: vanilla HyDE on the S1a encoder.
+        best = self.evaluate(HYDE)["splits"][split]["overall"][metric]
+        stale = 0
+        state: dict[str, Any] = {"monitor": f"{split}/{metric}", "rounds_done": 0, "best": best, "stale": 0,
+                                 "stopped_after": None}
+        for r in range(1, self.params.rounds + 1):
+            self.round(r)
+            value = self.evaluate(round_stage(r))["splits"][split]["overall"][metric]
+            if value > best + self.params.early_stopping.min_delta:
+                best, stale = value, 0
+            else:
+                stale += 1
+            state.update(rounds_done=r, best=best, stale=stale)
+            if stale >= self.params.early_stopping.patience and r < self.params.rounds:
+                state["stopped_after"] = r
+                log.info("early stopping after round %d: %s has not improved for %d rounds", r, metric, stale)
+                break
+        if state != saved:  # a finished run re-run rewrites nothing
+            write_json(state_path, state)
+        return self.history()
+
+    def flat_metrics(self, stage: str) -> dict[str, float]:
+        """A finished stage as stable metric names for trackers: ``eval/<split>/<group>/ndcg@5``,
+        plus pair-mining and DPO figures (``train/pairs``, ``train/ties_dropped``, ``train/score_gap``,
+        ``train/sample_ndcg@5``, ``train/dpo_loss``) for rounds."""
+        result = self.evaluate(stage)
+        out = {f"eval/{split}/{group}/{name}": float(value)
+               for split, groups in result["splits"].items() for group, metrics in groups.items()
+               for name, value in metrics.items() if name != "n"}
+        done = self._stage_dir(stage) / "done.json"
+        if stage.startswith("round_") and done.exists():
+            info = read_json(done)
+            out.update({"train/pairs": float(info["mining"]["pairs"]),
+                        "train/ties_dropped": float(info["mining"]["ties_dropped"]),
+                        "train/score_gap": float(info["mining"]["mean_score_gap"]),
+                        "train/sample_ndcg@5": float(info["mining"]["mean_score"])})
+            if "train_loss" in info["dpo"]:
+                out["train/dpo_loss"] = float(info["dpo"]["train_loss"])
+        return out
+
+    def stages_done(self) -> list[str]:
+        order = [RAW, S1A, HYDE] + [round_stage(r) for r in range(1, self.params.rounds + 1)]
+        return [s for s in order if (self.run_dir / "eval" / f"{s}.json").exists()]
+
+    def history(self) -> list[dict[str, Any]]:
+        """One row per (stage, split, group) with ndcg@5, recall@5, n; round rows add pair stats."""
+        rows = []
+        for stage in self.stages_done():
+            result = read_json(self.run_dir / "eval" / f"{stage}.json")
+            extra: dict[str, Any] = {}
+            done = self._stage_dir(stage) / "done.json"
+            if stage.startswith("round_") and done.exists():
+                info = read_json(done)
+                extra = {"round": info["round"], "pairs": info["mining"]["pairs"],
+                         "ties_dropped": info["mining"]["ties_dropped"],
+                         "mean_score_gap": info["mining"]["mean_score_gap"]}
+            for split, groups in result["splits"].items():
+                for group, metrics in groups.items():
+                    rows.append({"stage": stage, "split": split, "group": group, **metrics, **extra})
+        return rows
+
+
+def grouped_metrics(queries: Sequence[Mapping[str, Any]], rankings: Sequence[Sequence[str]]) -> dict[str, dict]:
+    """NDCG@5 and Recall@5 for each group prefix and ``overall`` (macro over queries)."""
+    from coevo.retrieval.metrics import ranked_metrics
+
+    groups: dict[str, list[int]] = {}
+    for i, q in enumerate(queries):
+        groups.setdefault(query_group(q.get("group")), []).append(i)
+    out = {}
+    for name, members in sorted(groups.items()) + [("overall", list(range(len(queries))))]:
+        run = {queries[i]["query_id"]: list(rankings[i]) for i in members}
+        qrels = {queries[i]["query_id"]: dict(queries[i]["relevant"]) for i in members}
+        metrics = ranked_metrics(run, qrels, ks=METRIC_KS)
+        out[name] = {"ndcg@5": float(metrics["ndcg@5"]), "recall@5": float(metrics["recall@5"]), "n": len(members)}
+    return out
+
+
+def _jsonable(stats: Any) -> Any:
+    if isinstance(stats, Mapping):
+        return {str(k): _jsonable(v) for k, v in stats.items()}
+    if isinstance(stats, (list, tuple)):
+        return [_jsonable(v) for v in stats]
+    if isinstance(stats, (np.floating, np.integer)):
+        return stats.item()
+    if isinstance(stats, (str, int, float, bool)) or stats is None:
+        return stats
+    return str(stats)
