@@ -77,3 +77,13 @@ def test_bm25_baseline_on_a_small_dataset(tmp_path: Path) -> None:
     # a and b find their tool first; c (share prices -> t3, judged t1) does not rank t1 first.
     assert metrics["mrr@10"] < 1.0 and metrics["mrr@10"] >= 2 / 3
     assert (tmp_path / "bm25").is_dir()
+
+
+def test_relative_paths_follow_python_cwd_after_the_jvm_started(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The JVM keeps the working directory it started in; relative paths must still mean
+    # the directory Python is in now (flows chdir into a project folder).
+    lucene.build_lucene_index([("warm", "start the jvm")], tmp_path / "warm")
+    monkeypatch.chdir(tmp_path)
+    lucene.build_lucene_index([("a", "red apple"), ("b", "green pear")], "rel/index")
+    assert (tmp_path / "rel" / "index").is_dir()
+    assert lucene.search("rel/index", {"q": "apple"}, k=2)["q"] == ["a"]

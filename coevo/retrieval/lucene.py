@@ -78,7 +78,8 @@ def _write_index(docs: Iterable[tuple[str, str]], out_dir: str | os.PathLike, *,
     count = 0
     seen: set[str] = set()
     with atomic_path(out_dir, is_dir=True) as tmp:
-        args = ["-index", str(tmp)] + (["-pretokenized"] if pretokenized else [])
+        # Absolute: the JVM keeps the working directory it started in, whatever os.chdir did since.
+        args = ["-index", str(tmp.resolve())] + (["-pretokenized"] if pretokenized else [])
         indexer = LuceneIndexer(args=args, threads=threads)
         batch: list[dict[str, str]] = []
         try:
@@ -124,7 +125,7 @@ def _check_index(index_dir: str | os.PathLike) -> Path:
     path = Path(index_dir)
     if not path.is_dir() or not any(path.glob("segments_*")):
         raise FileNotFoundError(f"{path}: not a Lucene index (no segments file)")
-    return path
+    return path.resolve()  # the JVM resolves relative paths against its own start directory
 
 
 def _batch_search(searcher: Any, queries: Mapping[str, str], k: int, threads: int) -> dict[str, list[str]]:
