@@ -343,6 +343,43 @@ def finish_summary(
 
 
 
+
+def run_stages(
+    method: str,
+    title: str,
+    params_path: str,
+    overrides: Sequence[str] | None,
+    stage: str,
+    *,
+    train_steps: int | Any,
+    train_stage: Any,
+    evaluate_stage: Any,
+) -> dict[str, Any]:
+    """The stage skeleton GRAPE and CoHyDE share: data stages, then train, then evaluate.
+
+    ``train_steps`` is the number of progress steps the train stage reports (an int, or a
+    callable of the params); ``train_stage(params, layout, data)`` and
+    ``evaluate_stage(params, layout, data)`` are the method's own stages.
+    """
+    params = load_checked(params_path, overrides)
+    check_stage(stage)
+    layout = Layout.of(params, method)
+    if wants(stage, "evaluate"):
+        from tasks.tracking import check_reachable
+
+        check_reachable(params.tracking.uri)
+    n_train = train_steps(params) if callable(train_steps) else train_steps
+    plan(sum(wants(stage, s) for s in ("prepare", "validate")) + n_train * wants(stage, "train")
+         + wants(stage, "evaluate"), f"{title} on {params.data.dataset}")
+    data = data_stages(params, layout, stage)
+    if stage in ("prepare", "validate"):
+        return finish_summary([], None, layout)
+    if wants(stage, "train"):
+        train_stage(params, layout, data)
+    if stage == "train":
+        return finish_summary([], None, layout)
+    return evaluate_stage(params, layout, data)
+
 def main(flow_fn: Any, argv: Sequence[str] | None = None) -> None:
     """`python -m flows.<method> [--params FILE] [--set k=v ...] [--stage S]` (no rich UI)."""
     import argparse

@@ -14,8 +14,8 @@ from prefect import flow
 
 from coevo.config import Params
 from flows.common import (
-    ALL, DataRef, Layout, Part, check_stage, data_stages, finish_summary, load_checked, log_common,
-    open_tracker, plan, read_part_keys, reconcile_run_dir, run_step, wants,
+    ALL, DataRef, Layout, Part, finish_summary, log_common, open_tracker, read_part_keys,
+    reconcile_run_dir, run_stages, run_step,
 )
 
 METHOD = "grape"
@@ -88,23 +88,8 @@ def evaluate_stage(params: Params, layout: Layout, data: DataRef) -> dict[str, A
 @flow(name="grape")
 def grape_flow(params_path: str = "params.yaml", overrides: list[str] | None = None, stage: str = ALL) -> dict[str, Any]:
     """GRAPE end to end (or one DVC stage)."""
-    params = load_checked(params_path, overrides)
-    check_stage(stage)
-    layout = Layout.of(params, METHOD)
-    if wants(stage, "evaluate"):
-        from tasks.tracking import check_reachable
-
-        check_reachable(params.tracking.uri)
-    plan(sum(wants(stage, s) for s in ("prepare", "validate")) + 5 * wants(stage, "train") + wants(stage, "evaluate"),
-         f"GRAPE on {params.data.dataset}")
-    data = data_stages(params, layout, stage)
-    if stage in ("prepare", "validate"):
-        return finish_summary([], None, layout)
-    if wants(stage, "train"):
-        train_stage(params, layout, data)
-    if stage == "train":
-        return finish_summary([], None, layout)
-    return evaluate_stage(params, layout, data)
+    return run_stages(METHOD, "GRAPE", params_path, overrides, stage, train_steps=5,
+                      train_stage=train_stage, evaluate_stage=evaluate_stage)
 
 
 if __name__ == "__main__":
