@@ -54,7 +54,7 @@ def run_parts(params: Params) -> list[Part]:
     sft_params = {k: v for k, v in base.items() if k not in ("grpo", "query_side_only", "item_reward")}
     seed_params = {
         "g0": cogr["seed_generator"] or cogr["generator"],
-        **{k: cogr[k] for k in ("m_item_keywords", "n_query_keywords", "sampling", "sft_init")},
+        **{k: cogr[k] for k in ("m_item_keywords", "n_query_keywords", "sampling", "seed_temperature", "sft_init")},
     }
     parts = [
         # config.json is the library's own guard against resuming with other params; the

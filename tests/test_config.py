@@ -43,3 +43,11 @@ def test_unknown_override_key_is_named(params_file):
 def test_missing_file(tmp_path):
     with pytest.raises(ParamsError, match="does not exist"):
         load_params(tmp_path / "absent.yaml")
+
+
+def test_demo_overrides_are_valid_params(params_file):
+    from coevo.cli.run import DEMO_OVERRIDES
+
+    params = load_params(params_file, list(DEMO_OVERRIDES))
+    assert params.cogr.generator == "smollm2-135m"
+    assert params.data.source == "data/sample/metatool"

@@ -213,3 +213,20 @@ def test_prefect_yaml_deployments_load_and_match_flow_signatures():
     nightly = next(d for d in config["deployments"] if d["name"] == "nightly")
     train = next(d for d in config["deployments"] if d["name"] == "train-gpu")
     assert nightly["parameters"]["train_deployment"] == "cogr/train-gpu" and train["work_pool"]["name"] == "coevo-gpu"
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["cogr.seed_temperature=0.3", "cogr.m_item_keywords=7", "cogr.sampling.top_p=0.5", "cogr.seed_generator=tiny"],
+)
+def test_every_algorithm1_knob_invalidates_the_seeds(params_file: Path, override: str):
+    # A knob the seeds depend on but the stamp leaves out would silently reuse stale seeds.
+    from coevo.config import load_params
+    from flows.cogr import run_parts
+
+    def seed_stamp(overrides: list[str]) -> dict:
+        parts = {part.name: part for part in run_parts(load_params(params_file, overrides))}
+        return parts["seed"].params
+
+    assert seed_stamp([override]) != seed_stamp([])
+    assert seed_stamp(["cogr.grpo.learning_rate=1e-3"]) == seed_stamp([])
