@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from coevo.data.readers import read_jsonl
 from coevo.io import atomic_path
 from coevo.retrieval.keywords import normalize_keyword
 
@@ -182,21 +183,14 @@ class InvertedIndex:
         if not path.exists():
             raise FileNotFoundError(f"{path}: index file does not exist")
         sets: dict[str, list[str]] = {}
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}: line {lineno}: invalid JSON: {exc.msg}") from None
-                if not isinstance(record, dict) or not isinstance(record.get("id"), str) or not isinstance(record.get("keywords"), list):
-                    raise ValueError(f"{path}: line {lineno}: expected {{\"id\": str, \"keywords\": [str, ...]}}")
-                if record["id"] in sets:
-                    raise ValueError(f"{path}: line {lineno}: duplicate id {record['id']!r}")
-                if not all(isinstance(k, str) for k in record["keywords"]):
-                    raise ValueError(f"{path}: line {lineno}: keywords of {record['id']!r} must be strings")
-                sets[record["id"]] = record["keywords"]
+        for lineno, record in read_jsonl(path):
+            if not isinstance(record.get("id"), str) or not isinstance(record.get("keywords"), list):
+                raise ValueError(f"{path}: line {lineno}: expected {{\"id\": str, \"keywords\": [str, ...]}}")
+            if record["id"] in sets:
+                raise ValueError(f"{path}: line {lineno}: duplicate id {record['id']!r}")
+            if not all(isinstance(k, str) for k in record["keywords"]):
+                raise ValueError(f"{path}: line {lineno}: keywords of {record['id']!r} must be strings")
+            sets[record["id"]] = record["keywords"]
         return cls.from_keyword_sets(sets)
 
 
