@@ -84,20 +84,22 @@ def bench_round(generator: str, dataset: Path, queries: int, max_new_tokens: int
     import torch
 
     from coevo.config import load_params
-    from coevo.methods.cohyde import CoHyDERun
+    from coevo.methods.cohyde import CoHyDE
 
     torch.set_num_threads(1)
     params = load_params(params_path, [
         f"cohyde.generator={generator}", f"cohyde.max_train_queries={queries}",
         f"cohyde.max_new_tokens={max_new_tokens}", "cohyde.warmup_formats_per_item=1",
-        f"cohyde.warmup_max_examples={warmup_examples}", "cohyde.rounds=1",
+        f"cohyde.warmup_max_examples={warmup_examples}", "cohyde.rounds=1", "seed=0",
         *(TINY_OVERRIDES if generator == "tiny" else ()),
-    ]).cohyde
+    ])
+    cfg = params.cohyde
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"cohyde-bench-{generator}-") as folder:
-        run = CoHyDERun(folder, params, dataset, seed=0)
-        run.s1a()
-        run.s1b()
+        run = CoHyDE(folder, params, dataset)
+        # The phases a round reads (untimed): S1a and S1b, through the method's own runner.
+        run.run_phase("s1a")
+        run.run_phase("s1b")
         for stage, fn in (
             ("S2 generate", lambda: run.s2(1)),
             ("S3 encoder + index", lambda: run.s3(1)),
@@ -127,7 +129,7 @@ def bench_round(generator: str, dataset: Path, queries: int, max_new_tokens: int
                 for q, s in zip(run.train_queries(), samples) if s[0] != s[-1]
             ]
             if timing_pairs:
-                seconds, peak, growth = measure(lambda: train_dpo(generator, timing_pairs, params.dpo, params.dpo_beta,
+                seconds, peak, growth = measure(lambda: train_dpo(generator, timing_pairs, cfg.dpo, cfg.dpo_beta,
                                                                   Path(folder) / "timing_dpo", seed=0))
                 rows.append({"generator": generator.name, "stage": "DPO (timing pairs)", "seconds": seconds,
                              "peak_mib": peak, "growth_mib": growth})

@@ -64,7 +64,7 @@ WORK="$WORK" "$PYTHON" - <<'EOF'
 import os, time, torch
 from pathlib import Path
 from coevo.config import load_params
-from coevo.methods.cogr import CoGRRun
+from coevo.methods.cogr import CoGR
 
 work = Path(os.environ["WORK"])
 dry = os.environ["GPU_CHECK_DRY"] == "1"
@@ -73,6 +73,7 @@ toy = ["cogr.grpo.num_generations=2", "cogr.grpo.batch_size=4", "cogr.grpo.max_p
 params = load_params("params.yaml", [
     f"cogr.generator={work / 'qwen3-0.6b-random'}",
     "cogr.rounds=1",
+    "cogr.early_stopping.patience=10",  # a random model's flat curve must not skip the item phase
     "cogr.sft.epochs=1",
     "cogr.sft.batch_size=16",
     "cogr.grpo.num_generations=8",
@@ -85,15 +86,23 @@ cuda = torch.cuda.is_available()
 if cuda:
     torch.cuda.reset_peak_memory_stats()
 started = time.perf_counter()
-run = CoGRRun(work / "run", params, work / "data", progress=False, generation_batch_size=16 if dry else 128)
-history = run.run(progress=lambda m: print(f"gpu_check: {m} ({time.perf_counter() - started:.0f}s)", flush=True))
-print(f"{'phase':<10} {'steps':>5} {'step s':>8} {'tokens/s':>9} {'peak GPU MB':>12} {'phase s':>8} {'eval f1':>8}")
-for row in history:
+run = CoGR(work / "run", params, work / "data", progress=False, generation_batch_size=16 if dry else 128)
+
+
+def on_phase(phase, record):
+    print(f"gpu_check: {phase.name} done ({time.perf_counter() - started:.0f}s)", flush=True)
+
+
+rows = run.run(on_phase=on_phase)
+print(f"{'phase':<10} {'steps':>5} {'step s':>8} {'tokens/s':>9} {'peak GPU MB':>12} {'phase s':>8} {'val f1':>8}")
+for row in rows:
+    train = row.get("train", {})
     print(
-        f"{row['name']:<10} {row.get('train/steps', '') or '':>5} "
-        f"{(row.get('train/step_seconds') or 0):>8.3f} {(row.get('train/tokens_per_s') or 0):>9.0f} "
-        f"{(row.get('train/peak_gpu_mb') or 0):>12.0f} {row['seconds']:>8.1f} {row['eval/f1']:>8.4f}"
+        f"{row['name']:<10} {train.get('steps', '') or '':>5} "
+        f"{(train.get('step_seconds') or 0):>8.3f} {(train.get('tokens_per_s') or 0):>9.0f} "
+        f"{(train.get('peak_gpu_mb') or 0):>12.0f} {row['seconds']:>8.1f} {row['eval']['f1']:>8.4f}"
     )
+assert [r["name"] for r in rows] == ["00_sft", "01_query", "02_item"], [r["name"] for r in rows]
 peak = f"{torch.cuda.max_memory_allocated() / 2**20:.0f} MB" if cuda else "n/a (CPU)"
 print(f"gpu_check: whole round {time.perf_counter() - started:.0f}s, peak GPU memory {peak} (process, all phases)")
 EOF

@@ -1,11 +1,13 @@
-"""Orchestration overhead: a full tiny-model CoGR flow vs an immediate all-cached re-run vs
-`dvc repro` with nothing changed, measured in one run, in a throw-away copy of the project.
+"""Orchestration overhead: a full tiny-model CoGR flow vs an immediate re-run with nothing
+changed (the CLI's up-to-date check), vs the same re-run forced through Prefect (`--log-run`:
+local server start + every task a cache hit), vs `dvc repro` with nothing changed, measured
+in one run, in a throw-away copy of the project.
 
     .venv/bin/python bench/pipeline_overhead.py [--queries 64] [--keep]
 
 Each figure is the wall time of the command a user types (`coevo run cogr`, `dvc repro`),
 so process start, imports and the local Prefect server's start-up are included. The last
-lines print the ratios; target: cached re-run < 10% of the full run.
+lines print the ratios; target: cached_rerun_ratio <= 0.10.
 """
 
 from __future__ import annotations
@@ -90,7 +92,10 @@ def main() -> None:
 
         full, out_full = timed(coevo, root, env)
         cached, out_cached = timed(coevo, root, env)
-        steps = re.search(r"steps: (\d+) executed, (\d+) from cache", out_cached)
+        if "up to date" not in out_cached:
+            sys.exit(f"the re-run was not answered as up to date:\n{out_cached[-3000:]}")
+        forced, out_forced = timed(coevo + ["--log-run"], root, env)
+        steps = re.search(r"steps: (\d+) executed, (\d+) from cache", out_forced)
         # The same cached re-run inside one process whose Prefect server is already up (a
         # worker or a long-lived process): what the orchestration itself costs per run.
         _, out_inproc = timed([sys.executable, "-c", IN_PROCESS], root, env)
@@ -103,13 +108,15 @@ def main() -> None:
         print(f"project: {root} (MetaTool sample, tiny model, {args.queries} train queries, 1 round)")
         print("machine: shared 2-core CPU (other jobs running); figures are wall seconds")
         print(f"full_flow_s={full:.1f}")
-        print(f"cached_rerun_s={cached:.1f}   (tasks executed/cached: {steps.group(1)}/{steps.group(2)})" if steps
-              else f"cached_rerun_s={cached:.1f}")
+        print(f"cached_rerun_s={cached:.1f}   (up-to-date check: no Prefect server, no task)")
+        print(f"forced_flow_rerun_s={forced:.1f}   (--log-run; tasks executed/cached: "
+              f"{steps.group(1) if steps else '?'}/{steps.group(2) if steps else '?'})")
         print(f"in_process_cached_rerun_s={in_process:.1f}   (server already up, imports done)")
         print(f"dvc_repro_noop_s={noop:.1f}")
         print(f"dvc_noop_vs_full={noop / full:.3f}")
         print(f"in_process_cached_vs_full={in_process / full:.3f}")
-        print(f"cached_vs_full={cached / full:.3f}   (target < 0.10)")
+        print(f"forced_flow_rerun_ratio={forced / full:.3f}")
+        print(f"cached_rerun_ratio={cached / full:.3f}   (target <= 0.10)")
     finally:
         if args.keep:
             print(f"kept {root}")

@@ -54,17 +54,19 @@ def _peak_mb() -> float:
 
 def _load(model_name: str, workdir: Path):
     """(generator with LoRA r=8 q/v, local checkpoint path of the base model for TRL-by-path)."""
-    from coevo.config import LoraParams
+    from coevo.config import section
     from coevo.models.generator import Generator
     from coevo.models.registry import TINY, smollm2_checkpoint
 
-    generator = Generator.create(model_name, LoraParams(r=8, alpha=16, dropout=0.05), seed=0, corpus=QUERIES)
+    # params.yaml's LoRA section with this benchmark's fixed shape (the models carry no defaults)
+    lora = section("cogr.lora", enabled=True, r=8, alpha=16, dropout=0.05, target_modules=["q_proj", "v_proj"])
+    generator = Generator.create(model_name, lora, seed=0, corpus=QUERIES)
     if model_name == TINY:
         path = workdir / "tiny-base"
         base = generator.model.get_base_model()
         base.save_pretrained(path)  # LoRA layers are inert here; TRL-by-path reloads a plain model
         generator.tokenizer.save_pretrained(path)
-        generator = Generator.create(model_name, LoraParams(r=8, alpha=16, dropout=0.05), seed=0, corpus=QUERIES)
+        generator = Generator.create(model_name, lora, seed=0, corpus=QUERIES)
     else:
         path = smollm2_checkpoint()
     return generator, path
@@ -137,7 +139,7 @@ def measure(kind: str, model_name: str, steps: int) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from coevo.config import GRPOParams
+    from coevo.config import section
     from coevo.train.grpo import grpo_config, wrap_reward
 
     torch.set_num_threads(1)
@@ -182,7 +184,8 @@ def measure(kind: str, model_name: str, steps: int) -> dict:
             callbacks=[Interleave()],
         )
     elif kind == "grpo_coevo":
-        params = GRPOParams(num_generations=GROUP, batch_size=BATCH, learning_rate=1e-5, beta=0.0, max_completion_length=NEW_TOKENS)
+        params = section("cogr.grpo", num_generations=GROUP, batch_size=BATCH, learning_rate=1e-5, beta=0.0,
+                         max_completion_length=NEW_TOKENS)
         config = grpo_config(workdir / "out", params, seed=0, **common)
         trainer = GRPOTrainer(
             model=generator.model,

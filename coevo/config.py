@@ -1,29 +1,90 @@
 """Typed parameters, loaded from params.yaml (the only place defaults live).
 
-Unknown keys, wrong types and out-of-range values fail before any work, with a message
-that names the key (``cogr.grpo.batch_size``) and what was wrong.
+The models below say what each knob accepts and what it does (``Field(description=...)``,
+printed by ``coevo params explain``); they carry no default: a key missing from the params
+files is an error naming it. Unknown keys, wrong types and out-of-range values fail before
+any work, with a message that names the key (``cogr.grpo.batch_size``) and what was wrong.
+
+Several params files may be given: each later file is deep-merged over the earlier ones
+(mappings key by key, anything else replaces; an overlay may only use keys that exist),
+then ``--set key=value`` overrides apply, then everything is validated, including the
+``trl:`` pass-through mappings against TRL's config classes.
 """
 
 from __future__ import annotations
 
+import difflib
+import re
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+
+PROJECT_PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+TRL_DOCS = "https://huggingface.co/docs/trl"
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return value
+
+
+# A float knob: ints such as ``1`` are fine, booleans are not (NaN/inf: see Section).
+Float = Annotated[float, BeforeValidator(_not_bool)]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # No defaults anywhere: params.yaml holds them all. Booleans are not numbers, integers
+    # are not booleans (StrictInt / StrictBool fields), floats reject NaN and inf.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+# --------------------------------------------------------------------------- metric names
+# What each method's evaluation really produces (tests/test_config.py checks them against
+# coevo.retrieval.evaluate and coevo.methods.cohyde).
+COGR_CUTOFFS: tuple[int, ...] = (1, 3, 5, 10, 100, 1000)
+COGR_METRICS: tuple[str, ...] = ("precision", "recall", "f1") + tuple(
+    f"{m}@{k}" for m in ("mrr", "ndcg", "precision", "recall", "f1") for k in COGR_CUTOFFS
+)
+COHYDE_METRICS: tuple[str, ...] = ("ndcg@5", "recall@5")
+CoGRMetric = Literal[COGR_METRICS]  # type: ignore[valid-type]
+CoHyDEMetric = Literal[COHYDE_METRICS]  # type: ignore[valid-type]
+
+
+# ------------------------------------------------------------------------------ sections
 class DataParams(Section):
-    dataset: str = Field(min_length=1)
-    loader: Literal["metatool", "stabletoolbench", "wands", "beir", "image_captions"]
-    source: str = Field(min_length=1)
-    val_fraction: float = Field(ge=0.0, lt=1.0)
-    test_fraction: float = Field(ge=0.0, lt=1.0)
-    root: str = "data"
+    dataset: str = Field(
+        min_length=1, description="Name of the prepared data set; its tables go to <data.root>/processed/<dataset>/."
+    )
+    loader: Literal["metatool", "stabletoolbench", "wands", "beir", "image_captions"] = Field(
+        description="Reader that turns `source` into the items / queries / qrels tables."
+    )
+    source: str = Field(
+        min_length=1, description="Raw data set the loader reads: a local folder (the committed sample by default)."
+    )
+    val_fraction: Float = Field(
+        ge=0.0, lt=1.0,
+        description="Share of queries held out as val (early stopping, per-phase evaluation) when the source has no split.",
+    )
+    test_fraction: Float = Field(
+        ge=0.0, lt=1.0, description="Share of queries held out as test (final evaluation) when the source has no split."
+    )
+    root: str = Field(min_length=1, description="Folder under which processed/, indexes/ and models/ are written.")
 
     @model_validator(mode="after")
     def _fractions(self) -> "DataParams":
@@ -33,36 +94,142 @@ class DataParams(Section):
 
 
 class TrackingParams(Section):
-    uri: str = "sqlite:///mlflow.db"
-    artifact_root: str = "mlruns"
+    uri: str = Field(
+        min_length=1, description="MLflow tracking URI: a sqlite:/// database, a folder or an http:// server."
+    )
+    artifact_root: str = Field(
+        min_length=1, description="Folder where MLflow stores run artifacts (plots, reports, metrics.json)."
+    )
+
+
+class EvaluationParams(Section):
+    split: Literal["val", "test"] = Field(
+        description="The split the FINAL evaluation reports; training phases and early stopping always monitor "
+        "the val split."
+    )
 
 
 class LoraParams(Section):
-    enabled: bool = True
-    r: int = Field(8, ge=1, le=256)
-    alpha: int = Field(16, ge=1)
-    dropout: float = Field(0.05, ge=0.0, lt=1.0)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"], min_length=1)
+    enabled: StrictBool = Field(
+        description="Train LoRA adapters; false fine-tunes every weight (much more memory)."
+    )
+    r: StrictInt = Field(ge=1, le=256, description="LoRA rank: adapter size; larger fits more, trains slower (8-64).")
+    alpha: StrictInt = Field(ge=1, description="LoRA scale numerator: updates are scaled by alpha / r (often 2 x r).")
+    dropout: Float = Field(ge=0.0, lt=1.0, description="Dropout on the adapters' inputs while training, in [0, 1).")
+    target_modules: list[str] = Field(
+        min_length=1,
+        description="Linear layers that get adapters, e.g. [q_proj, v_proj]; add k/o/gate/up/down_proj for capacity.",
+    )
 
 
 class SamplingParams(Section):
-    temperature: float = Field(1.0, gt=0.0, le=5.0)
-    top_p: float = Field(0.95, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(48, ge=1, le=4096)
+    temperature: Float = Field(
+        gt=0.0, le=5.0, description="Sampling temperature of GRPO rollouts; higher = more diverse completions."
+    )
+    top_p: Float = Field(
+        gt=0.0, le=1.0, description="Nucleus sampling: sample from the most likely tokens up to this mass (1 = off)."
+    )
+    max_new_tokens: StrictInt = Field(
+        ge=1, le=4096, description="Token budget of one generated text outside GRPO (seeds, indexing, evaluation)."
+    )
 
 
-class SFTParams(Section):
-    epochs: int = Field(1, ge=1)
-    learning_rate: float = Field(2e-4, gt=0.0)
-    batch_size: int = Field(8, ge=1)
+# ---------------------------------------------------------------- TRL trainer sections
+class TrainerSection(Section):
+    """A section that configures one TRL trainer; its ``trl`` mapping passes any other field
+    of the TRL config class through (checked by :func:`check_trl`)."""
+
+    # The TRL config class (name in the ``trl`` package) this section builds.
+    trl_config: ClassVar[str]
+    # TRL fields coevo sets itself -> the knob to use instead ({self}: this section's key,
+    # {parent}: the method's key). Refused in ``trl``.
+    trl_owned: ClassVar[dict[str, str]] = {
+        "output_dir": "nothing: coevo writes into the run folder",
+        "seed": "seed (top level)",
+        "data_seed": "seed (top level)",
+    }
+
+    def trl_settings(self) -> dict[str, Any]:
+        """TRL fields coevo derives from this section (used to check ``trl`` at load time)."""
+        return {}
 
 
-class GRPOParams(Section):
-    num_generations: int = Field(4, ge=2)
-    batch_size: int = Field(8, ge=2)
-    learning_rate: float = Field(1e-5, gt=0.0)
-    beta: float = Field(0.0, ge=0.0)
-    max_completion_length: int = Field(48, ge=1, le=4096)
+class SFTParams(TrainerSection):
+    trl_config: ClassVar[str] = "SFTConfig"
+    trl_owned: ClassVar[dict[str, str]] = {
+        **TrainerSection.trl_owned,
+        "num_train_epochs": "{self}.epochs",
+        "learning_rate": "{self}.learning_rate",
+        "per_device_train_batch_size": "{self}.batch_size",
+    }
+
+    epochs: StrictInt = Field(ge=1, description="Passes over the SFT examples.")
+    learning_rate: Float = Field(gt=0.0, description="Peak learning rate (linear decay to 0, no warm-up).")
+    batch_size: StrictInt = Field(ge=1, description="Examples per optimizer step (per device).")
+    trl: dict[str, Any] = Field(
+        description=f"Any other trl.SFTConfig field, passed through as is (e.g. gradient_accumulation_steps); "
+        f"see {TRL_DOCS}/sft_trainer#trl.SFTConfig."
+    )
+
+    def trl_settings(self) -> dict[str, Any]:
+        return {"num_train_epochs": self.epochs, "learning_rate": self.learning_rate,
+                "per_device_train_batch_size": self.batch_size}
+
+
+class DPOParams(TrainerSection):
+    trl_config: ClassVar[str] = "DPOConfig"
+    trl_owned: ClassVar[dict[str, str]] = {
+        **TrainerSection.trl_owned,
+        "num_train_epochs": "{self}.epochs",
+        "learning_rate": "{self}.learning_rate",
+        "per_device_train_batch_size": "{self}.batch_size",
+        "beta": "{parent}.dpo_beta",
+    }
+
+    epochs: StrictInt = Field(ge=1, description="Passes over the round's preference pairs.")
+    learning_rate: Float = Field(gt=0.0, description="Peak learning rate of the DPO optimizer.")
+    batch_size: StrictInt = Field(ge=1, description="Preference pairs per optimizer step (capped at the pair count).")
+    trl: dict[str, Any] = Field(
+        description=f"Any other trl.DPOConfig field, passed through as is (e.g. loss_type, label_smoothing); "
+        f"see {TRL_DOCS}/dpo_trainer#trl.DPOConfig."
+    )
+
+    def trl_settings(self) -> dict[str, Any]:
+        return {"num_train_epochs": self.epochs, "learning_rate": self.learning_rate,
+                "per_device_train_batch_size": self.batch_size}
+
+
+class GRPOParams(TrainerSection):
+    trl_config: ClassVar[str] = "GRPOConfig"
+    trl_owned: ClassVar[dict[str, str]] = {
+        **TrainerSection.trl_owned,
+        "per_device_train_batch_size": "{self}.batch_size",
+        "num_generations": "{self}.num_generations",
+        "max_completion_length": "{self}.max_completion_length",
+        "learning_rate": "{self}.learning_rate",
+        "beta": "{self}.beta",
+        "temperature": "{parent}.sampling.temperature",
+        "top_p": "{parent}.sampling.top_p",
+        "use_vllm": "the --vllm flag of `coevo train`",
+    }
+
+    num_generations: StrictInt = Field(
+        ge=2, description="Completions sampled per prompt (the GRPO group); batch_size must be a multiple of it."
+    )
+    batch_size: StrictInt = Field(
+        ge=2, description="Completions per optimizer step (per device); prompts per step = batch_size / num_generations."
+    )
+    learning_rate: Float = Field(gt=0.0, description="Peak learning rate of the GRPO optimizer.")
+    beta: Float = Field(
+        ge=0.0, description="KL penalty towards the starting policy; 0 keeps no reference model (faster, less memory)."
+    )
+    max_completion_length: StrictInt = Field(
+        ge=1, le=4096, description="Most tokens sampled per GRPO completion; longer ones are cut."
+    )
+    trl: dict[str, Any] = Field(
+        description=f"Any other trl.GRPOConfig field, passed through as is (e.g. loss_type, epsilon, scale_rewards, "
+        f"gradient_accumulation_steps); see {TRL_DOCS}/grpo_trainer#trl.GRPOConfig."
+    )
 
     @model_validator(mode="after")
     def _divisible(self) -> "GRPOParams":
@@ -73,90 +240,153 @@ class GRPOParams(Section):
             )
         return self
 
+    def trl_settings(self) -> dict[str, Any]:
+        return {"per_device_train_batch_size": self.batch_size, "num_generations": self.num_generations,
+                "max_completion_length": self.max_completion_length, "learning_rate": self.learning_rate,
+                "beta": self.beta}
+
 
 class CoGRGRPOParams(GRPOParams):
-    epochs_per_side: int = Field(1, ge=1)
-    max_prompts_per_phase: int | None = Field(None, ge=1)
+    trl_owned: ClassVar[dict[str, str]] = {**GRPOParams.trl_owned, "num_train_epochs": "{self}.epochs_per_side"}
 
-
-class EarlyStoppingParams(Section):
-    metric: str = "f1"
-    patience: int = Field(2, ge=1)
-    min_delta: float = Field(0.0, ge=0.0)
-
-
-class CoGRParams(Section):
-    generator: str = Field(min_length=1)
-    seed_generator: str | None = None
-    shared_generator: bool = False
-    sft_init: bool = True
-    query_side_only: bool = False
-    item_reward: Literal["marginal", "global"] = "marginal"
-    n_query_keywords: int = Field(15, ge=1)
-    m_item_keywords: int = Field(10, ge=1)
-    k_max: int = Field(30, ge=1)
-    rounds: int = Field(2, ge=0)
-    eval_split: Literal["val", "test"] = "val"
-    max_train_queries: int | None = Field(None, ge=1)
-    seed_temperature: float = Field(0.7, gt=0.0, le=5.0)  # G_0 sampling for Algorithm 1 seeds
-    lora: LoraParams = Field(default_factory=LoraParams)
-    sampling: SamplingParams = Field(default_factory=SamplingParams)
-    sft: SFTParams = Field(default_factory=SFTParams)
-    grpo: CoGRGRPOParams = Field(default_factory=CoGRGRPOParams)
-    early_stopping: EarlyStoppingParams = Field(default_factory=EarlyStoppingParams)
+    epochs_per_side: StrictInt = Field(ge=1, description="Passes over the phase's prompts in each GRPO phase.")
+    max_prompts_per_phase: StrictInt | None = Field(
+        ge=1, description="Seeded cap on prompts per GRPO phase; null = all training queries (or items)."
+    )
 
 
 class GrapeGRPOParams(GRPOParams):
-    steps: int = Field(40, ge=1)
+    trl_owned: ClassVar[dict[str, str]] = {**GRPOParams.trl_owned, "max_steps": "{self}.steps"}
+
+    steps: StrictInt = Field(ge=1, description="GRPO optimizer steps in all.")
+
+
+class CoGREarlyStopping(Section):
+    metric: CoGRMetric = Field(
+        description="Val metric checked after every phase: set precision / recall / f1, or mrr, ndcg, precision, "
+        "recall, f1 @ 1, 3, 5, 10, 100, 1000 (ranked by BM25 over keywords)."
+    )
+    patience: StrictInt = Field(ge=1, description="Stop after this many phases without an improvement.")
+    min_delta: Float = Field(ge=0.0, description="Smallest rise of the metric that counts as an improvement.")
+
+
+class CoHyDEEarlyStopping(Section):
+    metric: CoHyDEMetric = Field(description="Val metric checked after every round (CoHyDE evaluates at 5).")
+    patience: StrictInt = Field(ge=1, description="Stop after this many rounds without an improvement.")
+    min_delta: Float = Field(ge=0.0, description="Smallest rise of the metric that counts as an improvement.")
+
+
+class CoGRParams(Section):
+    generator: str = Field(
+        min_length=1,
+        description="LLM both sides start from: tiny (tests), smollm2-135m (offline), a hub id or a local path.",
+    )
+    seed_generator: str | None = Field(
+        min_length=1, description="G_0, the model that writes the Algorithm 1 seeds; null = the generator."
+    )
+    shared_generator: StrictBool = Field(description="Ablation: one model serves both the query and the item side.")
+    sft_init: StrictBool = Field(description="Start with Algorithm 1 (seeded SFT); false = ablation without it.")
+    query_side_only: StrictBool = Field(
+        description="Ablation: GRPO trains the query side only; the item side stays as after SFT."
+    )
+    item_reward: Literal["marginal", "global"] = Field(
+        description="Item-side reward: marginal (counterfactual marginal F1, the paper's) or global (ablation: "
+        "change of the macro F1)."
+    )
+    n_query_keywords: StrictInt = Field(
+        ge=1, description="N in Algorithm 1: keywords kept per query as its SFT target (most frequent seeds)."
+    )
+    m_item_keywords: StrictInt = Field(ge=1, description="M in Algorithm 1: keywords sampled per item from G_0.")
+    k_max: StrictInt = Field(
+        ge=1, description="Keyword budget: larger (or unparseable) keyword sets get reward -1 and are cut when indexed."
+    )
+    rounds: StrictInt = Field(ge=0, description="GRPO rounds (a query-side then an item-side phase); 0 = SFT only.")
+    max_train_queries: StrictInt | None = Field(
+        ge=1, description="Seeded cap on training queries (SFT, query index, GRPO); null = all."
+    )
+    seed_temperature: Float = Field(
+        gt=0.0, le=5.0, description="G_0 sampling temperature for the Algorithm 1 seeds; lower = cleaner SFT targets."
+    )
+    lora: LoraParams = Field(description="LoRA adapters of both generators.")
+    sampling: SamplingParams = Field(description="Text generation: GRPO rollouts, seeds and indexing.")
+    sft: SFTParams = Field(description="SFT of both generators on the Algorithm 1 targets (phase 0).")
+    grpo: CoGRGRPOParams = Field(description="GRPO of each side in the rounds.")
+    early_stopping: CoGREarlyStopping = Field(description="Stop the rounds when the val metric stops improving.")
 
 
 class GrapeParams(Section):
-    generator: str = Field(min_length=1)
-    retriever: Literal["text", "clip"] = "text"
-    text_encoder: str = "all-minilm-l6-v2"
-    clip_model: str = "ViT-B-32"
-    clip_pretrained: str | None = None
-    reward: Literal["rank", "similarity"] = "rank"
-    reasoning: bool = False
-    max_reasoning_tokens: int = Field(32, ge=1)
-    lora: LoraParams = Field(default_factory=LoraParams)
-    sampling: SamplingParams = Field(default_factory=SamplingParams)
-    grpo: GrapeGRPOParams = Field(default_factory=GrapeGRPOParams)
-    eval_every: int = Field(10, ge=1)
+    generator: str = Field(
+        min_length=1, description="The LLM query rewriter: tiny, smollm2-135m, a hub id or a local path."
+    )
+    retriever: Literal["text", "clip"] = Field(
+        description="Frozen retriever: text (sentence-transformers encoder) or clip (open_clip, image items)."
+    )
+    text_encoder: str = Field(
+        min_length=1, description="Encoder of the text retriever (id or path); all-minilm-l6-v2 works offline."
+    )
+    clip_model: str = Field(min_length=1, description="open_clip architecture when retriever = clip.")
+    clip_pretrained: str | None = Field(
+        min_length=1,
+        description="open_clip weights: a public tag (e.g. laion2b_s34b_b79k) or a local checkpoint; null = random.",
+    )
+    reward: Literal["rank", "similarity"] = Field(
+        description="rank: 1 - 2 (rank - 1) / (N - 1) of the relevant item (the paper's); similarity: ablation."
+    )
+    reasoning: StrictBool = Field(description="Let the rewriter write a short reasoning section before the rewrite.")
+    max_reasoning_tokens: StrictInt = Field(
+        ge=1, description="Extra completion tokens for the reasoning section (reasoning = true)."
+    )
+    lora: LoraParams = Field(description="LoRA adapters of the rewriter.")
+    sampling: SamplingParams = Field(description="Text generation: GRPO rollouts and evaluation.")
+    grpo: GrapeGRPOParams = Field(description="GRPO of the rewriter against the frozen retriever.")
+    eval_every: StrictInt = Field(ge=1, description="Evaluate on the val split every this many GRPO steps.")
 
 
 class EncoderTrainingParams(Section):
-    epochs: int = Field(1, ge=1)
-    batch_size: int = Field(32, ge=2)
-    learning_rate: float = Field(2e-5, gt=0.0)
+    epochs: StrictInt = Field(ge=1, description="Passes over the (text, tool) pairs per encoder training.")
+    batch_size: StrictInt = Field(
+        ge=2, description="Pairs per step; the other positives of a batch are its negatives (at least 2)."
+    )
+    learning_rate: Float = Field(gt=0.0, description="Learning rate of the encoder's optimizer.")
 
 
 class CoHyDEParams(Section):
-    generator: str = Field(min_length=1)
-    encoder: str = "all-minilm-l6-v2"
-    rounds: int = Field(3, ge=0)
-    num_samples: int = Field(4, ge=2)
-    sample_temperature: float = Field(0.7, gt=0.0)
-    dpo_beta: float = Field(0.1, gt=0.0)
-    lora: LoraParams = Field(default_factory=LoraParams)
-    encoder_training: EncoderTrainingParams = Field(default_factory=EncoderTrainingParams)
-    warmup: SFTParams = Field(default_factory=SFTParams)
-    dpo: SFTParams = Field(default_factory=SFTParams)
-    max_new_tokens: int = Field(64, ge=1)
-    early_stopping: EarlyStoppingParams = Field(default_factory=EarlyStoppingParams)
-    index_format: Literal["title", "title_api", "title_api_tool", "title_api_desc", "full"] = "full"
-    warmup_formats_per_item: int = Field(5, ge=1, le=5)
-    warmup_max_examples: int | None = Field(None, ge=1)
-    max_train_queries: int | None = Field(None, ge=2)
+    generator: str = Field(
+        min_length=1, description="The HyDE rewriter LLM: tiny, smollm2-135m, a hub id or a local path."
+    )
+    encoder: str = Field(min_length=1, description="Dense encoder co-trained with the rewriter (id or path).")
+    rounds: StrictInt = Field(ge=0, description="Co-training rounds (S2 to S4); 0 = warm-up (S1a, S1b) only.")
+    num_samples: StrictInt = Field(ge=2, description="Descriptions sampled per training query in S4 (DPO candidates).")
+    sample_temperature: Float = Field(gt=0.0, le=5.0, description="Sampling temperature of the S4 descriptions.")
+    dpo_beta: Float = Field(gt=0.0, description="DPO beta: higher keeps the rewriter closer to its reference.")
+    lora: LoraParams = Field(description="LoRA adapters of the rewriter.")
+    encoder_training: EncoderTrainingParams = Field(description="Encoder training in S1a and S3.")
+    warmup: SFTParams = Field(description="S1b: SFT of the rewriter on rendered tool texts.")
+    dpo: DPOParams = Field(description="S4: DPO of the rewriter on best vs worst descriptions.")
+    max_new_tokens: StrictInt = Field(ge=1, le=4096, description="Token budget of one generated description.")
+    early_stopping: CoHyDEEarlyStopping = Field(description="Stop the rounds when the val metric stops improving.")
+    index_format: Literal["title", "title_api", "title_api_tool", "title_api_desc", "full"] = Field(
+        description="How corpus tools are rendered in the dense index (one of the five renderings)."
+    )
+    warmup_formats_per_item: StrictInt = Field(
+        ge=1, le=5, description="S1b: distinct renderings per tool in the warm-up texts (5 = all)."
+    )
+    warmup_max_examples: StrictInt | None = Field(
+        ge=1, description="S1b: seeded cap on warm-up texts; null = all (set it for CPU runs)."
+    )
+    max_train_queries: StrictInt | None = Field(
+        ge=2, description="Seeded cap on training queries for S1a to S4; null = all."
+    )
 
 
 class Params(Section):
-    seed: int = 42
-    data: DataParams
-    tracking: TrackingParams = Field(default_factory=TrackingParams)
-    cogr: CoGRParams
-    grape: GrapeParams
-    cohyde: CoHyDEParams
+    seed: StrictInt = Field(ge=0, description="Seed of every random choice (splits, sampling, training).")
+    data: DataParams = Field(description="The data set: where it comes from and how it is split.")
+    tracking: TrackingParams = Field(description="MLflow tracking.")
+    evaluation: EvaluationParams = Field(description="The final evaluation of every method.")
+    cogr: CoGRParams = Field(description="CoGR: query and item keyword generators co-trained by GRPO.")
+    grape: GrapeParams = Field(description="GRAPE: a query rewriter trained by GRPO against a frozen retriever.")
+    cohyde: CoHyDEParams = Field(description="CoHyDE: a HyDE rewriter and a dense encoder co-trained in rounds.")
 
     def flat(self) -> dict[str, Any]:
         """Flattened ``a.b.c -> value`` view (MLflow params, DVC sweeps)."""
@@ -164,9 +394,117 @@ class Params(Section):
 
 
 class ParamsError(ValueError):
-    """params.yaml (or an override) is invalid; the message names each bad key."""
+    """A params file (or an override) is invalid; the message names each bad key."""
 
 
+# -------------------------------------------------------------------------- model tree
+def _section_type(annotation: Any) -> type[Section] | None:
+    return annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
+
+
+def _is_open_mapping(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is dict or annotation is dict
+
+
+def walk(model: type[Section] = Params, prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
+    """Every field of the model tree as ``(dotted key, FieldInfo)``, sections before their fields."""
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        yield key, info
+        sub = _section_type(info.annotation)
+        if sub is not None:
+            yield from walk(sub, key + ".")
+
+
+def field_at(key: str, model: type[Section] = Params) -> FieldInfo | None:
+    """The field at a dotted key, or None when no such key exists."""
+    info: FieldInfo | None = None
+    current: type[Section] | None = model
+    for part in key.split("."):
+        if current is None or part not in current.model_fields:
+            return None
+        info = current.model_fields[part]
+        current = _section_type(info.annotation)
+    return info
+
+
+def _open_mapping_at(parts: Sequence[str]) -> bool:
+    """Whether ``parts`` names a free-form mapping (a ``trl`` pass-through) or lies inside one."""
+    current: type[Section] | None = Params
+    for part in parts:
+        if current is None or part not in current.model_fields:
+            return False
+        annotation = current.model_fields[part].annotation
+        if _is_open_mapping(annotation):
+            return True
+        current = _section_type(annotation)
+    return False
+
+
+def close_matches(key: str, candidates: Sequence[str], n: int = 3) -> str:
+    """`` (did you mean: a, b?)`` or the empty string."""
+    found = difflib.get_close_matches(key, list(candidates), n=n, cutoff=0.6)
+    return f" (did you mean: {', '.join(found)}?)" if found else ""
+
+
+# ------------------------------------------------------------------------------ YAML
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: SafeConstructor reports it
+                continue
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    None, None,
+                    f"duplicate key {key!r} (first at line {first.start_mark.line + 1}, "
+                    f"again at line {key_node.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """One line: what is wrong and where."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{problem}{where}".replace("\n", " ")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: params file does not exist") from None
+    except IsADirectoryError:
+        raise ParamsError(f"{path}: is a directory; expected a params YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParamsError(f"{path}: cannot read params file: {exc}") from None
+    try:
+        tree = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from None
+    if not isinstance(tree, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections at the top level")
+    return tree
+
+
+def _parse_value(raw: str, key: str) -> Any:
+    try:
+        return yaml.load(raw, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"override {key!r}: value {raw!r} is not valid YAML: {_yaml_problem(exc)}") from None
+
+
+# ------------------------------------------------------------------ merging, overrides
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in tree.items():
@@ -179,49 +517,287 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def apply_override(tree: dict[str, Any], assignment: str) -> None:
-    """Apply ``a.b.c=value`` (value parsed as YAML) to a nested dict, in place."""
+    """Apply ``a.b.c=value`` (value parsed as YAML) to a nested dict, in place.
+
+    The key must exist, except inside a ``trl`` pass-through mapping, where any name may be
+    added (it is checked against TRL's config class when the params are validated).
+    """
     if "=" not in assignment:
         raise ParamsError(f"override {assignment!r}: expected key=value, e.g. cogr.rounds=3")
     key, raw = assignment.split("=", 1)
-    parts = key.strip().split(".")
+    key = key.strip()
+    parts = key.split(".")
+    if not all(parts):
+        raise ParamsError(f"override {assignment!r}: expected key=value, e.g. cogr.rounds=3")
     node = tree
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
         if not isinstance(child, dict):
-            raise ParamsError(f"override {key!r}: unknown key {'.'.join(parts[: i + 1])!r}")
+            raise ParamsError(f"override {key!r}: unknown key {'.'.join(parts[: i + 1])!r}{_suggest(parts[: i + 1])}")
         node = child
-    if parts[-1] not in node:
-        raise ParamsError(f"override {key!r}: unknown key {key!r}")
-    node[parts[-1]] = yaml.safe_load(raw)
+    if parts[-1] not in node and not _open_mapping_at(parts[:-1]):
+        raise ParamsError(f"override {key!r}: unknown key {key!r}{_suggest(parts)}")
+    node[parts[-1]] = _parse_value(raw, key)
 
 
+def _suggest(parts: Sequence[str]) -> str:
+    return close_matches(".".join(parts), [k for k, _ in walk()])
+
+
+def _unknown_keys(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list[str]:
+    """Dotted keys of ``tree`` that the model tree does not have (``trl`` mappings take any key)."""
+    unknown: list[str] = []
+    for key, value in tree.items():
+        path = (*prefix, str(key))
+        if _open_mapping_at(prefix):
+            continue
+        if field_at(".".join(path)) is None:
+            unknown.append(".".join(path))
+        elif isinstance(value, Mapping):
+            unknown.extend(_unknown_keys(value, path))
+    return unknown
+
+
+def _check_keys(tree: Mapping[str, Any], source: Path) -> None:
+    unknown = _unknown_keys(tree)
+    if unknown:
+        lines = [f"  {k}: unknown key{_suggest(k.split('.'))}" for k in unknown]
+        raise ParamsError("\n".join([f"{source}: invalid parameters", *lines]))
+
+
+def _merge(base: dict[str, Any], overlay: Mapping[str, Any]) -> None:
+    """Deep-merge ``overlay`` into ``base`` in place: mappings key by key, anything else replaces."""
+    for key, value in overlay.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _merge(base[key], value)
+        else:
+            base[key] = value
+
+
+# ---------------------------------------------------------------------- TRL checks
+def _trl_sections(params: Params) -> Iterator[tuple[str, str, TrainerSection]]:
+    """(key, parent key, section) of every TRL trainer section in ``params``."""
+
+    def visit(model: BaseModel, prefix: str, parent: str) -> Iterator[tuple[str, str, TrainerSection]]:
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            key = f"{prefix}{name}"
+            if isinstance(value, TrainerSection):
+                yield key, parent, value
+            elif isinstance(value, BaseModel):
+                yield from visit(value, key + ".", key)
+
+    yield from visit(params, "", "")
+
+
+def _trl_field_types(cls: type) -> dict[str, Any]:
+    import dataclasses
+
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
+
+
+# Fields whose check depends on the machine (a CPU host validates params for a GPU worker):
+# type-checked only, not handed to the config class at load time.
+_DEVICE_FIELDS = frozenset({"bf16", "fp16", "tf32", "bf16_full_eval", "fp16_full_eval", "use_cpu"})
+_FLOAT_TEXT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def _check_trl_value(annotation: Any, value: Any) -> tuple[Any, str | None]:
+    """(value to use, error or None): strict types; ``1e-3`` (a YAML string) counts as a float."""
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(annotation)
+    try:
+        adapter.validate_python(value, strict=True)
+        return value, None
+    except ValidationError as exc:
+        if isinstance(value, str) and _FLOAT_TEXT.match(value):
+            try:
+                adapter.validate_python(float(value), strict=True)
+                return float(value), None
+            except ValidationError:
+                pass
+        return value, exc.errors()[0]["msg"]
+    except Exception:  # noqa: BLE001 - an annotation pydantic cannot check: TRL's own check decides
+        return value, None
+
+
+def check_trl(params: Params) -> list[str]:
+    """Check every ``trl`` mapping against its TRL config class; return error lines (key: problem).
+
+    trl is imported only when some mapping is non-empty. Values that parse as YAML strings
+    but are meant as floats (``1e-3``) are converted in place.
+    """
+    errors: list[str] = []
+    sections = [(k, p, s) for k, p, s in _trl_sections(params) if s.trl]
+    if not sections:
+        return errors
+    import trl
+
+    for key, parent, section in sections:
+        cls = getattr(trl, section.trl_config)
+        fields = _trl_field_types(cls)
+        checked: dict[str, Any] = {}
+        bad = False
+        for name, value in section.trl.items():
+            where = f"{key}.trl.{name}"
+            owned = section.trl_owned.get(str(name))
+            if owned is not None:
+                knob = owned.format(self=key, parent=parent)
+                errors.append(f"{where}: coevo sets {section.trl_config}.{name} itself; use {knob}")
+                bad = True
+                continue
+            if name not in fields:
+                errors.append(f"{where}: not a field of trl.{section.trl_config}{close_matches(str(name), list(fields))}; "
+                              f"see {TRL_DOCS}")
+                bad = True
+                continue
+            value, problem = _check_trl_value(fields[name], value)
+            if problem:
+                errors.append(f"{where}: {problem} (got {value!r}; trl.{section.trl_config}.{name} is "
+                              f"{_type_name(fields[name])})")
+                bad = True
+                continue
+            checked[name] = value
+        if bad:
+            continue
+        section.trl.update(checked)
+        problem = _construct(cls, section, {k: v for k, v in checked.items() if k not in _DEVICE_FIELDS})
+        if problem is not None:
+            # Name the culprit when one key alone reproduces the failure.
+            culprits = [k for k in checked if k not in _DEVICE_FIELDS and _construct(cls, section, {k: checked[k]})]
+            where = f"{key}.trl.{culprits[0]}" if len(culprits) == 1 else f"{key}.trl"
+            errors.append(f"{where}: trl.{section.trl_config} refuses it: {problem}")
+    return errors
+
+
+def _construct(cls: type, section: TrainerSection, extra: dict[str, Any]) -> str | None:
+    """Build the TRL config once (CPU, scratch output dir); the error's first line or None."""
+    import tempfile
+    import warnings
+
+    with tempfile.TemporaryDirectory(prefix="coevo-trl-check-") as scratch, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        settings = {"use_cpu": True, "bf16": False, "fp16": False, "report_to": "none",
+                    **section.trl_settings(), **extra, "output_dir": scratch}
+        try:
+            cls(**settings)
+        except Exception as exc:  # noqa: BLE001 - ValueError / TypeError mostly; any refusal is reported
+            first = (str(exc).strip().splitlines() or [""])[0]
+            return first if isinstance(exc, (ValueError, TypeError)) else f"{type(exc).__name__}: {first}"
+    return None
+
+
+def _type_name(annotation: Any) -> str:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "null"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+# ------------------------------------------------------------------------- loading
 def _describe(error: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid parameters"]
     for err in error.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] == "extra_forbidden":
-            lines.append(f"  {key}: unknown key")
+            lines.append(f"  {key}: unknown key{_suggest(key.split('.'))}")
         elif err["type"] == "missing":
             lines.append(f"  {key}: required key is missing")
+        elif err["type"] == "literal_error" and isinstance(err.get("input"), str):
+            info = field_at(key)
+            choices = [str(c) for c in typing.get_args(info.annotation)] if info is not None else []
+            hint = close_matches(err["input"], choices) if choices else ""
+            lines.append(f"  {key}: {err['input']!r} is not one of {' | '.join(choices) or err['msg']}{hint}")
         else:
             lines.append(f"  {key}: {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)
 
 
-def load_params(path: str | Path = "params.yaml", overrides: list[str] | None = None) -> Params:
-    """Read, override and validate params; raise ParamsError naming every bad key."""
-    path = Path(path)
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ParamsError(f"{path}: params file does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ParamsError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(tree, dict):
-        raise ParamsError(f"{path}: expected a mapping of sections at the top level")
-    for assignment in overrides or []:
+def _as_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    if isinstance(paths, (str, Path)):
+        return [Path(paths)]
+    out = [Path(p) for p in paths]
+    if not out:
+        raise ParamsError("no params file given")
+    return out
+
+
+def load_tree(
+    paths: str | Path | Sequence[str | Path] = "params.yaml", overrides: Sequence[str] | None = None
+) -> dict[str, Any]:
+    """The merged, overridden params tree before validation (files in order, then ``--set``)."""
+    files = _as_paths(paths)
+    tree: dict[str, Any] = {}
+    for path in files:
+        layer = _read_yaml(path)
+        _check_keys(layer, path)  # an unknown key names the file that holds it
+        _merge(tree, layer)
+    for assignment in [overrides] if isinstance(overrides, str) else overrides or []:
         apply_override(tree, assignment)
+    return tree
+
+
+def load_params(
+    paths: str | Path | Sequence[str | Path] = "params.yaml", overrides: Sequence[str] | None = None
+) -> Params:
+    """Read, merge, override and validate params; raise ParamsError naming every bad key.
+
+    ``paths``: one params file or several; each later file is deep-merged over the earlier
+    ones (an overlay such as params/demo.yaml). ``overrides``: ``key=value`` strings applied
+    last (``--set``).
+    """
+    files = _as_paths(paths)
+    source = " + ".join(str(p) for p in files)
+    tree = load_tree(files, overrides)
     try:
-        return Params.model_validate(tree)
+        params = Params.model_validate(tree)
     except ValidationError as exc:
-        raise ParamsError(_describe(exc, str(path))) from None
+        raise ParamsError(_describe(exc, source)) from None
+    errors = check_trl(params)
+    if errors:
+        raise ParamsError("\n".join([f"{source}: invalid parameters", *(f"  {e}" for e in errors)]))
+    return params
+
+
+def _project_file() -> Path:
+    return PROJECT_PARAMS if PROJECT_PARAMS.is_file() else Path("params.yaml")
+
+
+def project_params(*overrides: str) -> Params:
+    """The project's params.yaml (next to the package, else ./params.yaml) with ``overrides``."""
+    return load_params(_project_file(), list(overrides))
+
+
+def section(key: str, /, **changes: Any) -> Section:
+    """The section at ``key`` of the project's params.yaml with ``changes`` applied, validated
+    like a params file (its ``trl`` mapping included).
+
+    For tests and benchmarks, which need a complete section (the models carry no defaults):
+    ``section("cogr.sft", epochs=1, learning_rate=1e-3)``.
+    """
+    path = _project_file()
+    tree = load_tree(path)
+    node: Any = tree
+    parts = key.split(".")
+    if _section_type(getattr(field_at(key), "annotation", None)) is None:
+        raise ParamsError(f"{key!r} is not a section{_suggest(parts)}")
+    for part in parts:
+        node = node[part]
+    for name, value in changes.items():
+        if name not in node:
+            raise ParamsError(f"section {key!r}: unknown key {name!r}{close_matches(name, list(node))}")
+        node[name] = value
+    try:
+        params = Params.model_validate(tree)
+    except ValidationError as exc:
+        raise ParamsError(_describe(exc, f"{path} with changes to {key}")) from None
+    errors = check_trl(params)
+    if errors:
+        raise ParamsError("\n".join([f"{path} with changes to {key}: invalid parameters", *(f"  {e}" for e in errors)]))
+    result: Any = params
+    for part in parts:
+        result = getattr(result, part)
+    return result

@@ -1,17 +1,22 @@
-"""Atomic artifact writes: a crash or Ctrl-C never leaves a half-written file behind.
+"""Artifact I/O: atomic writes, strict reads, JSON-safe values.
 
-Every artifact is written to a temporary name in the destination folder and renamed into
-place (rename is atomic on POSIX within one file system).
+Writes: a crash or Ctrl-C never leaves a half-written file behind. Every artifact is
+written to a temporary name in the destination folder and renamed into place (rename is
+atomic on POSIX within one file system).
+
+Reads: every error names the file (and the line where there is one): a missing file, a
+folder where a file was expected, bytes that are not UTF-8, an empty file, invalid JSON.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +80,63 @@ def write_parquet(dest: str | os.PathLike, frame) -> Path:
     return Path(dest)
 
 
-def read_json(path: str | os.PathLike) -> Any:
+def require_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """``path`` as a Path; FileNotFoundError / ValueError naming it when it is absent or a folder."""
     path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: {what} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{path}: expected a {what}, found a folder")
+    return path
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The file decoded as UTF-8 (a BOM is dropped); non-UTF-8 bytes and empty files are errors."""
+    path = require_file(path)
+    raw = path.read_bytes()
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: file does not exist") from None
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}: line {line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+            "re-encode the file as UTF-8"
+        ) from None
+    if not text.strip():
+        raise ValueError(f"{path}: file is empty")
+    return text
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """The parsed JSON document; errors name the file (and line and column for invalid JSON)."""
+    path = Path(path)
+    text = read_text(path)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+        raise ValueError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON ({exc.msg})") from None
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` made of JSON types only, so ``write_json`` can write it and any reader parse it.
+
+    Mappings become dicts with str keys; lists, tuples and sets become lists (sets sorted, so
+    the output is stable); numpy and torch scalars and arrays become Python numbers and
+    lists; NaN and +-inf become None (strict JSON has no such numbers); anything else that
+    is not a str, int, float, bool or None becomes its ``str()``.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return [jsonable(v) for v in sorted(value, key=repr)]
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if type(value).__module__.partition(".")[0] in ("numpy", "torch") and hasattr(value, "tolist"):
+        value = value.tolist()  # numpy scalars and arrays, torch tensors: Python numbers and lists
+        if isinstance(value, list):
+            return jsonable(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    return str(value)

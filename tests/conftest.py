@@ -31,3 +31,93 @@ def params_file(tmp_path: Path) -> Path:
     dest = tmp_path / "params.yaml"
     dest.write_text((REPO_ROOT / "params.yaml").read_text())
     return dest
+
+
+# --------------------------------------------------------------------------- toy projects
+TOY_TOOLS = 6
+QUERIES_PER_TOOL = 8
+
+
+def make_toy_metatool(dest: Path) -> Path:
+    """A MetaTool-format subset of the committed sample: 6 tools, 8 queries each."""
+    import csv
+    import json
+
+    src = SAMPLE_DIR / "metatool"
+    descriptions = json.loads((src / "plugin_des.json").read_text())
+    with (src / "all_clean_data.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    tools = list(dict.fromkeys(r["Tool"] for r in rows))[:TOY_TOOLS]
+    keep = [r for t in tools for r in [r for r in rows if r["Tool"] == t][:QUERIES_PER_TOOL]]
+    dest.mkdir(parents=True, exist_ok=True)
+    with (dest / "all_clean_data.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["Query", "Tool"])
+        writer.writeheader()
+        writer.writerows(keep)
+    (dest / "plugin_des.json").write_text(json.dumps({t: descriptions[t] for t in tools}))
+    return dest
+
+
+def toy_params(dest: Path) -> Path:
+    """params.yaml with the toy data and a tiny model, one round, a handful of prompts."""
+    import yaml
+
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    params["data"].update(dataset="toy", loader="metatool", source="toy")
+    cogr = params["cogr"]
+    cogr.update(generator="tiny", seed_generator=None, rounds=1)
+    cogr["sft"].update(epochs=1, batch_size=8)
+    cogr["grpo"].update(num_generations=2, batch_size=4, max_prompts_per_phase=4, max_completion_length=12)
+    cogr["sampling"].update(max_new_tokens=12)
+    cogr["early_stopping"].update(patience=5)
+    dest.write_text(yaml.safe_dump(params, sort_keys=False))
+    return dest
+
+
+def make_project(root: Path, *, with_code: bool = False) -> Path:
+    """A project folder for the flows: toy data, params.yaml, flows/ and tasks/ (and for DVC the code)."""
+    import shutil
+
+    root.mkdir(parents=True, exist_ok=True)
+    make_toy_metatool(root / "toy")
+    toy_params(root / "params.yaml")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("coevo", "tasks", "flows") if with_code else ("tasks", "flows"):
+        shutil.copytree(REPO_ROOT / name, root / name, ignore=ignore)
+    if with_code:
+        shutil.copytree(REPO_ROOT / "pipelines", root / "pipelines")
+        for name in ("dvc.yaml", ".dvcignore"):
+            shutil.copy(REPO_ROOT / name, root / name)
+    return root
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One Prefect test server for every flow test of the session (each start costs ~15 s)."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from tests
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=None):
+        from prefect.server.api.server import SubprocessASGIServer
+
+        yield SubprocessASGIServer._instances[None].api_url
+
+
+@pytest.fixture
+def chdir():
+    """chdir(path) for the rest of the test; the working directory is restored afterwards."""
+    previous = Path.cwd()
+    yield os.chdir
+    os.chdir(previous)
+
+
+def task_states(flow_run_id: str):
+    """(task name, state name) counts of one flow run, from the Prefect API."""
+    from collections import Counter
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return Counter((r.name, r.state.name) for r in runs)

@@ -1,4 +1,5 @@
-"""open_clip retriever: tiny random CLIP end to end on the Flickr8k-CN images (read in place)."""
+"""open_clip retriever: tiny random CLIP end to end on the Flickr8k-CN images (read in place);
+the error checks need no data and run without ../shared/data."""
 
 from __future__ import annotations
 
@@ -61,11 +62,12 @@ def test_local_checkpoint_reproduces_the_model(flickr, tmp_path):
     np.testing.assert_allclose(second.embed_queries(captions[:4]), first.embed_queries(captions[:4]), atol=1e-6)
 
 
-def test_missing_image_and_unknown_model_are_named(flickr, tmp_path):
-    root, items, _ = flickr
+def test_missing_image_and_unknown_model_are_named(tmp_path):
+    """Error checks need no data: a missing image, an unknown architecture, a missing checkpoint."""
     retriever = ClipRetriever(TINY_CLIP, image_root=tmp_path)
-    with pytest.raises(FileNotFoundError, match=items[0]["item_id"]):
-        retriever.embed_items(items[:1])
+    items = [{"item_id": "1001_missing.jpg", "image_path": "1001_missing.jpg"}]
+    with pytest.raises(FileNotFoundError, match="1001_missing.jpg"):
+        retriever.embed_items(items)
     with pytest.raises(ValueError, match="not an open_clip architecture"):
         ClipRetriever("No-Such-CLIP")
     with pytest.raises(FileNotFoundError, match="does not exist"):

@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import SAMPLE_DIR, shared_data
-from coevo.config import LoraParams, SFTParams, load_params
+from coevo.config import load_params, section
+from coevo.data.schema import Dataset
 from coevo.models.generator import Generator
 from coevo.train.dpo import train_dpo
+from tests.conftest import REPO_ROOT, SAMPLE_DIR, shared_data
+from tests.test_cogr_train import splits_read  # one copy of the split spy
 
 CORPUS = ["weather forecast tool", "stock price api", "music search", "Request: find weather"]
 
@@ -37,11 +39,11 @@ def _preference(generator: Generator, prompt: str, chosen: str, rejected: str) -
 
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_dpo_moves_the_policy_towards_chosen(tmp_path, lora):
-    generator = Generator.create("tiny", lora=LoraParams(enabled=lora), seed=0, corpus=CORPUS)
+    generator = Generator.create("tiny", lora=section("cohyde.lora", enabled=lora), seed=0, corpus=CORPUS)
     prompts = [generator.render([{"role": "user", "content": f"Request: q{i}\nTool description:"}]) for i in range(4)]
     pairs = [{"prompt": p, "chosen": "weather forecast tool", "rejected": "stock price api"} for p in prompts]
     before = _preference(generator, prompts[0], pairs[0]["chosen"], pairs[0]["rejected"])
-    stats = train_dpo(generator, pairs, SFTParams(epochs=3, learning_rate=1e-2, batch_size=4), 0.1,
+    stats = train_dpo(generator, pairs, section("cohyde.dpo", epochs=3, learning_rate=1e-2, batch_size=4), 0.1,
                       tmp_path / "gen", seed=0)
     after = _preference(generator, prompts[0], pairs[0]["chosen"], pairs[0]["rejected"])
     assert after > before
@@ -57,12 +59,13 @@ def test_dpo_moves_the_policy_towards_chosen(tmp_path, lora):
 
 
 def test_dpo_refuses_bad_pairs(tmp_path):
+    dpo = section("cohyde.dpo")
     with pytest.raises(ValueError, match="at least one"):
-        train_dpo(None, [], SFTParams(), 0.1, tmp_path, seed=0)
+        train_dpo(None, [], dpo, 0.1, tmp_path, seed=0)
     with pytest.raises(ValueError, match="pair 0: field 'rejected'"):
-        train_dpo(None, [{"prompt": "p", "chosen": "a"}], SFTParams(), 0.1, tmp_path, seed=0)
+        train_dpo(None, [{"prompt": "p", "chosen": "a"}], dpo, 0.1, tmp_path, seed=0)
     with pytest.raises(ValueError, match="pair 0: chosen and rejected are the same"):
-        train_dpo(None, [{"prompt": "p", "chosen": "a", "rejected": "a"}], SFTParams(), 0.1, tmp_path, seed=0)
+        train_dpo(None, [{"prompt": "p", "chosen": "a", "rejected": "a"}], dpo, 0.1, tmp_path, seed=0)
 
 
 def test_descriptions_are_scored_by_ndcg_at_5_under_the_encoder():
@@ -90,8 +93,9 @@ def test_descriptions_are_scored_by_ndcg_at_5_under_the_encoder():
         score_descriptions(encoder, index, [["a", "b"], ["c"]], [{"t0": 1}, {"t0": 1}])
 
 
-def _small_stabletoolbench(tmp_path: Path, per_group: int = 4) -> Path:
-    """The first ``per_group`` records of each group file, prepared as a dataset folder."""
+def _small_stabletoolbench(tmp_path: Path, per_group: int = 4, val_fraction: float = 0.25) -> Path:
+    """The first ``per_group`` records of each group file, prepared as a dataset folder
+    (split by group: with 4 per group, one val and one test query per group file)."""
     from coevo.data.loaders import load_source
 
     source = SAMPLE_DIR / "stabletoolbench"
@@ -99,39 +103,57 @@ def _small_stabletoolbench(tmp_path: Path, per_group: int = 4) -> Path:
         source = shared_data("stabletoolbench")
     files = sorted(source.rglob("test_instruction/*.json")) or sorted(source.glob("*.json"))
     raw = tmp_path / "raw"
-    raw.mkdir()
+    raw.mkdir(exist_ok=True)
     for path in files:
         (raw / path.name).write_text(json.dumps(json.loads(path.read_text())[:per_group]))
-    dataset = load_source("stabletoolbench", raw, seed=0, val_fraction=0.0, test_fraction=0.25)
-    return dataset.save(tmp_path / "dataset")
+    dataset = load_source("stabletoolbench", raw, seed=0, val_fraction=val_fraction, test_fraction=0.25)
+    return dataset.save(tmp_path / f"dataset_val{val_fraction}")
+
+
+def _params(*extra: str):
+    return load_params(REPO_ROOT / "params.yaml", ["seed=0", *extra])
 
 
 @pytest.mark.slow
-def test_one_tiny_round_end_to_end(tmp_path, params_file):
-    from coevo.methods.cohyde import HYDE, RAW, S1A, CoHyDERun, rewriter_messages
+def test_one_tiny_round_end_to_end(tmp_path):
+    from coevo.methods.cohyde import HYDE, RAW, S1A, CoHyDE, rewriter_messages
     from coevo.retrieval.dense import DenseIndex
 
     dataset_dir = _small_stabletoolbench(tmp_path)
+    data = Dataset.load(dataset_dir)
+    n_val, n_test = len(data.relevant("val")), len(data.relevant("test"))
+    assert n_val == n_test == 6
     # A random tiny rewriter only writes text after a real warm-up: full fine-tuning at a
     # high learning rate (LoRA at 2e-4 leaves its greedy outputs empty).
-    params = load_params(params_file, [
+    params = _params(
         "cohyde.generator=tiny", "cohyde.rounds=1", "cohyde.max_new_tokens=16", "cohyde.lora.enabled=false",
         "cohyde.warmup.learning_rate=3e-3", "cohyde.warmup.epochs=2", "cohyde.warmup.batch_size=16",
         "cohyde.encoder_training.batch_size=8", "cohyde.dpo.learning_rate=1e-3",
-    ]).cohyde
-    run = CoHyDERun(tmp_path / "run", params, dataset_dir, seed=0)
-    history = run.run()
+    )
+    cfg = params.cohyde
+    with splits_read() as asked:
+        run = CoHyDE(tmp_path / "run", params, dataset_dir)
+        rows = run.run()
     folder = tmp_path / "run"
+    # Training, evaluation and round selection read train and val; never test.
+    assert "test" not in asked and "val" in asked
+    assert [p.name for p in run.phases()] == [RAW, S1A, "s1b", HYDE, "round_1"]
+    assert all(run.is_done(p.name) for p in run.phases())
+    assert [r["name"] for r in rows] == [RAW, S1A, HYDE, "round_1"]
+    for row in rows:
+        assert 0.0 <= row["eval"]["ndcg@5"] <= 1.0 and 0.0 <= row["eval"]["recall@5"] <= 1.0
+        assert row["eval"]["n"] == n_val
+    assert run.best_phase() in {HYDE, "round_1"}
 
-    # Metrics: every stage, per group and overall, on the test split.
-    stages = {row["stage"] for row in history}
-    assert stages == {RAW, S1A, HYDE, "round_1"}
+    # Metrics: every stage, per group and overall, on the val split.
+    history = run.history()
+    assert {row["stage"] for row in history} == {RAW, S1A, HYDE, "round_1"}
     groups = {row["group"] for row in history if row["stage"] == "round_1"}
     assert {"G1", "G2", "G3", "overall"} <= groups
     for row in history:
-        assert 0.0 <= row["ndcg@5"] <= 1.0 and 0.0 <= row["recall@5"] <= 1.0 and row["split"] == "test"
+        assert 0.0 <= row["ndcg@5"] <= 1.0 and 0.0 <= row["recall@5"] <= 1.0 and row["split"] == "val"
     overall = [r for r in history if r["group"] == "overall" and r["stage"] == RAW][0]
-    assert overall["n"] == sum(r["n"] for r in history if r["stage"] == RAW and r["group"] != "overall")
+    assert overall["n"] == n_val == sum(r["n"] for r in history if r["stage"] == RAW and r["group"] != "overall")
 
     # DPO pairs: best vs worst of the sampled descriptions, ties dropped, stats consistent.
     queries = run.train_queries()
@@ -139,7 +161,7 @@ def test_one_tiny_round_end_to_end(tmp_path, params_file):
     samples = json.loads((folder / "round_1" / "s4_samples.json").read_text())["samples"]
     pairs = json.loads((folder / "round_1" / "pairs.json").read_text())
     scores = np.array(s4["scores"])
-    assert scores.shape == (len(queries), params.num_samples)
+    assert scores.shape == (len(queries), cfg.num_samples)
     mining = s4["mining"]
     assert mining["pairs"] == len(pairs) and mining["pairs"] + mining["ties_dropped"] == len(queries)
     assert mining["ties_dropped"] == int(np.sum(scores.max(1) == scores.min(1)))
@@ -164,22 +186,53 @@ def test_one_tiny_round_end_to_end(tmp_path, params_file):
     assert [m["encoder"].split(":")[1] for m in manifests] == [RAW, S1A, "round_1"]
 
     flat = run.flat_metrics("round_1")
-    assert flat["train/pairs"] == len(pairs) and "eval/test/G3/recall@5" in flat and "eval/test/overall/ndcg@5" in flat
+    assert flat["train/pairs"] == len(pairs) and "eval/val/G3/recall@5" in flat and "eval/val/overall/ndcg@5" in flat
+    assert not [k for k in flat if k.startswith("eval/test/")]
 
     # Idempotent: a second run recomputes nothing.
     stamps = {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()}
-    assert CoHyDERun(folder, params, dataset_dir, seed=0).run() == history
+    assert CoHyDE(folder, params, dataset_dir).run() == rows
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} == stamps
+
+    # The final evaluation reads the test split once: raw, S1a, vanilla HyDE and the chosen round.
+    best = run.best_phase()
+    with splits_read() as asked:
+        final = run.final_evaluation("test")
+    assert "test" in asked
+    assert final["split"] == "test" and final["best_phase"] == best
+    assert [r["phase"] for r in final["rows"]] == list(dict.fromkeys([RAW, S1A, HYDE, best]))
+    for row in final["rows"]:
+        assert row["split"] == "test" and row["n_queries"] == n_test and 0.0 <= row["ndcg@5"] <= 1.0
+        assert {"G1", "G2", "G3", "overall"} <= set(row["groups"])
+    # nothing of the test split is stored in the run folder
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} == stamps
 
 
-def test_bad_stage_and_round_are_named(tmp_path, params_file):
-    from coevo.methods.cohyde import CoHyDERun
+def test_no_val_query_with_a_relevant_tool_fails_at_the_first_phase(tmp_path):
+    from coevo.methods.cohyde import CoHyDE
 
-    run = CoHyDERun(tmp_path / "run", load_params(params_file).cohyde, tmp_path / "missing")
-    with pytest.raises(ValueError, match="unknown CoHyDE stage 'round_x'"):
-        run.evaluate("round_x")
+    run = CoHyDE(tmp_path / "run", _params(), _small_stabletoolbench(tmp_path, val_fraction=0.0))
+    with pytest.raises(ValueError, match="no val query has a relevant item") as error:
+        run.run()
+    assert "val split" in str(error.value)
+    assert [p.name for p in run.phases() if run.is_done(p.name)] == []
+    assert not (tmp_path / "run" / "raw").exists() and not (tmp_path / "run" / "eval").exists()
+
+
+def test_bad_stage_and_round_are_named(tmp_path):
+    from coevo.methods.cohyde import CoHyDE
+
+    params = _params("cohyde.rounds=2")
+    run = CoHyDE(tmp_path / "run", params, tmp_path / "missing")
+    with pytest.raises(ValueError, match="unknown phase 'round_x'; phases: raw, s1a, s1b, hyde, round_1, round_2"):
+        run.phase("round_x")
+    with pytest.raises(ValueError, match="unknown phase 'round_3'"):
+        run.run_phase("round_3")
     with pytest.raises(ValueError, match="numbered from 1"):
         run.round(0)
     with pytest.raises(FileNotFoundError, match="dataset folder does not exist"):
         run.s1a()
     assert not os.path.exists(tmp_path / "run" / "s1a")
+    ready = CoHyDE(tmp_path / "run2", params, _small_stabletoolbench(tmp_path))
+    with pytest.raises(ValueError, match="unknown CoHyDE stage 'round_x'"):
+        ready.evaluate("round_x")

@@ -116,3 +116,14 @@ def test_bad_input_is_named():
         index.exact_ranks(np.ones((1, 3)), [0])
     with pytest.raises(KeyError, match="'zz'"):
         index.rows(["zz"])
+
+
+def test_rank_corpus_cuts_at_k_and_at_the_corpus_size(corpus):
+    # The dense baseline asks for the top 1000 whatever the corpus size.
+    ids, emb = corpus
+    index = DenseIndex.build(ids, emb)
+    queries = np.random.default_rng(5).normal(size=(3, 16)).astype(np.float32)
+    assert [len(r) for r in index.rank_corpus(queries, k=1000)] == [300] * 3
+    top = index.rank_corpus(queries, k=10)
+    assert [len(r) for r in top] == [10] * 3
+    assert all(r[:10] == full[:10] for r, full in zip(top, index.rank_corpus(queries)))

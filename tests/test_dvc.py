@@ -17,11 +17,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO_ROOT
-from test_flows_cogr import make_project
+from conftest import REPO_ROOT, make_project
 
 pytestmark = pytest.mark.slow
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from tests
 
 BIN = Path(sys.executable).parent
 
@@ -38,10 +36,7 @@ def ran_stages(output: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def repo(tmp_path_factory):
-    from prefect.testing.utilities import prefect_test_harness
-    from prefect.server.api.server import SubprocessASGIServer
-
+def repo(tmp_path_factory, prefect_server):
     root = make_project(tmp_path_factory.mktemp("dvc_project"), with_code=True)
     env = {
         **os.environ,
@@ -57,10 +52,8 @@ def repo(tmp_path_factory):
     (root / ".gitignore").write_text((REPO_ROOT / ".gitignore").read_text())
     sh(["git", "add", "-A"], root, env)
     sh(["git", "commit", "-qm", "toy project"], root, env)
-    # One Prefect server for every stage command (each would otherwise start its own).
-    with prefect_test_harness(server_startup_timeout=None):
-        env["PREFECT_API_URL"] = SubprocessASGIServer._instances[None].api_url
-        yield root, env
+    env["PREFECT_API_URL"] = prefect_server  # one server for every stage command (each would start its own)
+    return root, env
 
 
 def test_repro_runs_every_stage_then_is_a_no_op(repo):
@@ -84,6 +77,8 @@ def test_training_param_reruns_train_and_evaluate_only(repo):
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run = sh([str(BIN / "dvc"), "repro"], root, env)
     assert ran_stages(run.stdout) == ["train", "evaluate"], run.stdout
+    # Inside the train stage the same keys as `coevo run` decide: only the GRPO phases trained.
+    assert "round 1 query GRPO: done" in run.stderr and "SFT: cached" in run.stderr, run.stderr
 
     diff = sh([str(BIN / "dvc"), "params", "diff", "--json"], root, env)
     assert "cogr.grpo.learning_rate" in json.loads(diff.stdout)["params.yaml"]

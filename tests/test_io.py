@@ -32,11 +32,55 @@ def test_parquet_round_trip(tmp_path):
 
 def test_read_json_errors_name_the_file(tmp_path):
     bad = tmp_path / "bad.json"
-    bad.write_text("{nope")
-    with pytest.raises(ValueError, match="bad.json: invalid JSON at line 1"):
+    bad.write_text('{"a": 1,\n nope}')
+    with pytest.raises(ValueError, match=r"bad\.json: line 2, column 2: invalid JSON \(Expecting property name"):
         io.read_json(bad)
-    with pytest.raises(FileNotFoundError, match="absent.json"):
+    with pytest.raises(FileNotFoundError, match=r"absent\.json: file does not exist"):
         io.read_json(tmp_path / "absent.json")
+    with pytest.raises(ValueError, match=r"folder\.json: expected a file, found a folder"):
+        (tmp_path / "folder.json").mkdir()
+        io.read_json(tmp_path / "folder.json")
+    (tmp_path / "empty.json").write_text(" \n")
+    with pytest.raises(ValueError, match=r"empty\.json: file is empty"):
+        io.read_json(tmp_path / "empty.json")
+    (tmp_path / "latin1.json").write_bytes(b'{"a":\n "caf\xe9"}')
+    with pytest.raises(ValueError, match=r"latin1\.json: line 2: not valid UTF-8 \(byte 0xe9"):
+        io.read_json(tmp_path / "latin1.json")
+
+
+def test_read_json_accepts_str_paths_and_a_bom(tmp_path):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + '{"k": "é"}'.encode())
+    assert io.read_json(str(path)) == {"k": "é"}
+
+
+def test_one_read_json_for_artifacts_and_raw_sources():
+    from coevo.data import readers
+
+    assert readers.read_json is io.read_json and readers.read_text is io.read_text
+
+
+def test_jsonable_makes_json_types_only(tmp_path):
+    import json
+    import math
+
+    import numpy as np
+    import torch
+
+    value = {
+        1: np.float32(0.5), "i": np.int64(3), "b": np.bool_(True), "arr": np.arange(3), "t": torch.tensor(2.5),
+        "tt": torch.tensor([[1, 2]]), "nan": float("nan"), "inf": np.float64(math.inf), "tuple": (1, "x"),
+        "set": {"b", "a"}, "path": tmp_path, "none": None, "nested": [{"k": np.nan}],
+    }
+    out = io.jsonable(value)
+    assert out == {
+        "1": 0.5, "i": 3, "b": True, "arr": [0, 1, 2], "t": 2.5, "tt": [[1, 2]], "nan": None, "inf": None,
+        "tuple": [1, "x"], "set": ["a", "b"], "path": str(tmp_path), "none": None, "nested": [{"k": None}],
+    }
+    assert type(out["i"]) is int and type(out["b"]) is bool and type(out["1"]) is float
+    text = json.dumps(out, allow_nan=False)  # strict JSON: no NaN / Infinity
+    io.write_json(tmp_path / "v.json", out)
+    assert io.read_json(tmp_path / "v.json") == json.loads(text)
 
 
 def test_artifacts_get_umask_mode_not_0600(tmp_path):

@@ -87,3 +87,39 @@ def test_relative_paths_follow_python_cwd_after_the_jvm_started(tmp_path: Path, 
     lucene.build_lucene_index([("a", "red apple"), ("b", "green pear")], "rel/index")
     assert (tmp_path / "rel" / "index").is_dir()
     assert lucene.search("rel/index", {"q": "apple"}, k=2)["q"] == ["a"]
+
+
+def test_bm25_parameters_change_the_ranking(tmp_path: Path) -> None:
+    # "apple" once in a one-word document vs twice in a long one: full length
+    # normalisation (b=1) favours the short document, none (b=0) the repeated term.
+    docs = [("short", "apple"), ("long", "apple apple banana cherry date elder fig grape honeydew kiwi")]
+    index = lucene.build_lucene_index(docs, tmp_path / "idx", threads=1)
+    assert lucene.search(index, {"q": "apple"}, k=2, b=1.0)["q"] == ["short", "long"]
+    assert lucene.search(index, {"q": "apple"}, k=2, b=0.0)["q"] == ["long", "short"]
+    with pytest.raises(ValueError, match="b must lie in"):
+        lucene.search(index, {"q": "apple"}, b=1.5)
+    with pytest.raises(ValueError, match="k1 must be >= 0"):
+        lucene.search(index, {"q": "apple"}, k1=-1)
+
+
+def test_the_documented_analyzer_stems_and_drops_stopwords(tmp_path: Path) -> None:
+    assert "Porter" in lucene.ANALYZER and "stopwords" in lucene.ANALYZER
+    index = lucene.build_lucene_index([("a", "The running dogs"), ("b", "family trees")], tmp_path / "idx", threads=1)
+    hits = lucene.search(index, {"stop": "the", "stem": "runs dog", "plural": "tree"}, k=5)
+    assert hits == {"stop": [], "stem": ["a"], "plural": ["b"]}
+
+
+def test_bm25_rankings_serve_several_splits_from_one_index(tmp_path: Path) -> None:
+    from coevo.data.schema import Dataset
+
+    dataset = Dataset(
+        items=pd.DataFrame({"item_id": ["t1", "t2"], "title": ["Weather", "Genealogy"], "text": ["rain forecast", None]}),
+        queries=pd.DataFrame({"query_id": ["a", "b", "c"], "text": ["rain", "genealogy", "the"], "split": ["val", "test", "test"]}),
+        qrels=pd.DataFrame({"query_id": ["a", "b"], "item_id": ["t1", "t2"], "grade": [1, 1]}),
+        name="tiny",
+    )
+    assert list(lucene.item_documents(dataset)) == [("t1", "Weather rain forecast"), ("t2", "Genealogy")]
+    runs = lucene.bm25_rankings(dataset, ["val", "test"], k=5, index_dir=tmp_path / "bm25", threads=1)
+    assert runs == {"val": {"a": ["t1"]}, "test": {"b": ["t2"], "c": []}}
+    metrics = lucene.bm25_baseline(dataset, "test", k=1000, threads=1)
+    assert {f"ndcg@{k}" for k in (1, 3, 5, 10, 100, 1000)} <= set(metrics) and metrics["mrr@1"] == 1.0

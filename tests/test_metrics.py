@@ -161,3 +161,52 @@ def test_keyword_set_metrics_equals_python_sets_in_any_block_size(items, queries
     finally:
         evaluate._MASK_CELLS = old
     assert got.per_query == expected.per_query
+
+
+def test_default_cutoffs_and_the_older_ks_name() -> None:
+    from coevo.retrieval.metrics import DEFAULT_CUTOFFS
+
+    assert DEFAULT_CUTOFFS == (1, 3, 5, 10, 100, 1000)
+    qrels = {"q": {"a": 1}}
+    m = ranked_metrics({"q": ["x", "a"]}, qrels)
+    assert set(m) == {f"{n}@{k}" for n in ("mrr", "ndcg", "precision", "recall", "f1") for k in DEFAULT_CUTOFFS}
+    assert ranked_metrics({"q": ["x", "a"]}, qrels, ks=(2,)) == ranked_metrics({"q": ["x", "a"]}, qrels, cutoffs=[2, 2])
+    assert ranked_metrics({"q": ["x", "a"]}, qrels, (2,))["mrr@2"] == 0.5  # positional, as older callers pass it
+    with pytest.raises(TypeError, match="not both"):
+        ranked_metrics({"q": ["a"]}, qrels, cutoffs=(1,), ks=(1,))
+    with pytest.raises(ValueError, match="positive integers"):
+        ranked_metrics({"q": ["a"]}, qrels, cutoffs=("x",))
+
+
+def test_per_query_values_average_to_the_means() -> None:
+    from coevo.retrieval.metrics import ranked_evaluation
+
+    qrels = {"q1": {"a": 1, "b": 2}, "q2": {"z": 1}, "q3": {"c": 0}}
+    ev = ranked_evaluation({"q1": ["b", "x", "a"], "q2": ["y"]}, qrels, cutoffs=(1, 3))
+    assert ev.query_ids == ("q1", "q2") and ev.n_queries == 2 and ev.n_without_relevant == 1
+    assert ev.per_query["precision@1"] == {"q1": 1.0, "q2": 0.0}
+    assert ev.per_query["recall@3"] == {"q1": 1.0, "q2": 0.0}
+    assert ev.per_query["mrr@3"]["q1"] == 1.0
+    assert ev.means() == pytest.approx(ranked_metrics({"q1": ["b", "x", "a"], "q2": ["y"]}, qrels, cutoffs=(1, 3)))
+    assert list(ev.values("f1@3")) == [pytest.approx(2 * 2 / (3 + 2)), 0.0]
+    with pytest.raises(KeyError, match="ndcg@5"):
+        ev.values("ndcg@5")
+    sets = set_metrics({"q1": {"a"}, "q2": {"z", "y"}}, qrels).per_query_values()
+    assert sets["f1"] == {"q1": pytest.approx(2 / 3), "q2": pytest.approx(2 / 3)}
+    assert set(sets) == {"precision", "recall", "f1"} and "q3" not in sets["recall"]
+
+
+def test_keyword_evaluation_per_query_and_one_bm25_parameter_set() -> None:
+    from coevo.retrieval.bm25 import BM25_B, BM25_K1
+
+    assert (BM25_K1, BM25_B) == (0.9, 0.4)
+    items = {"a": ["rain", "weather"], "b": ["rain"], "c": ["snow"]}
+    queries = {"q1": ["rain"], "q2": ["snow"], "q3": ["rain"]}
+    qrels = {"q1": {"a": 1}, "q2": {"c": 1}, "q3": {}}
+    ev = evaluate_keyword_retrieval(queries, items, qrels, cutoffs=(1, 5), per_query=True)
+    assert ev.query_ids == ("q1", "q2")
+    assert ev.per_query["f1"] == {"q1": pytest.approx(2 / 3), "q2": 1.0}
+    assert ev.means() == pytest.approx(evaluate_keyword_retrieval(queries, items, qrels, (1, 5)))
+    assert set(ev.per_query) == {"precision", "recall", "f1"} | {f"{m}@{k}" for m in ("mrr", "ndcg", "precision", "recall", "f1") for k in (1, 5)}
+    bm25 = KeywordBM25(items)
+    assert (bm25._bm25.k1, bm25._bm25.b) == (0.9, 0.4)

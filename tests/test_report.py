@@ -44,11 +44,48 @@ def test_csv_round_trip(tmp_path: Path):
     assert report.rows_to_csv(rows, ["f1"]).splitlines() == ["f1", "0.5", "0.6"]
 
 
+def _cells(table, column: str) -> list[tuple[str, bool]]:
+    """(plain text, marked best) per row of one column: marked = bold in the rendered cell."""
+    from rich.text import Text
+
+    (col,) = [c for c in table.columns if c.header == column]
+    out = []
+    for cell in col.cells:
+        text = Text.from_markup(cell) if isinstance(cell, str) else cell
+        styles = [str(span.style) for span in text.spans if span.start == 0 and span.end == len(text.plain)]
+        out.append((text.plain, any("bold" in style for style in styles)))
+    return out
+
+
 def test_metrics_table_shows_every_row_and_marks_the_best():
     rows = [{"label": "BM25", "f1": 0.31, "recall@100": 0.9, "ndcg@10": 0.5},
             {"label": "SFT", "f1": 0.40, "recall@100": None, "ndcg@10": 0.6}]
+    table = report.metrics_table(rows, title="results")
     console = Console(record=True, width=100)
-    console.print(report.metrics_table(rows, title="results"))
+    console.print(table)
     text = console.export_text()
     assert "BM25" in text and "SFT" in text and "0.4000" in text and "0.3100" in text
     assert "-" in text  # a missing value is shown, not dropped
+    # The best value of the first metric (f1, higher is better) is marked, and only it:
+    assert _cells(table, "f1") == [("0.3100", False), ("0.4000", True)]
+    assert _cells(table, "recall@100") == [("0.9000", False), ("-", False)]  # other metrics: never marked
+    assert _cells(table, "ndcg@10") == [("0.5000", False), ("0.6000", False)]
+    # ... and the mark survives rendering: the best cell is bold on a terminal, the other is not.
+    styled = Console(record=True, width=100, force_terminal=True, color_system="standard")
+    styled.print(table)
+    ansi = styled.export_text(styles=True)
+    assert "\x1b[1;32m0.4000" in ansi and "\x1b[1;32m0.3100" not in ansi
+
+
+def test_metrics_table_best_of_ties_and_missing_values():
+    rows = [{"label": "a", "f1": 0.2, "ndcg@10": float("nan")},
+            {"label": "b", "f1": 0.5, "ndcg@10": 0.7},
+            {"label": "c", "f1": 0.5, "ndcg@10": None},
+            {"label": "d", "f1": True, "ndcg@10": 0.1}]  # a bool is not a number
+    table = report.metrics_table(rows, ("f1", "ndcg@10"), best_of="ndcg@10")
+    assert _cells(table, "ndcg@10") == [("-", False), ("0.7000", True), ("-", False), ("0.1000", False)]
+    assert [marked for _, marked in _cells(table, "f1")] == [False] * 4  # best_of moved the mark
+    ties = report.metrics_table(rows, ("f1",))
+    assert _cells(ties, "f1") == [("0.2000", False), ("0.5000", True), ("0.5000", True), ("-", False)]
+    empty = report.metrics_table([{"label": "x", "f1": None}], ("f1",))
+    assert _cells(empty, "f1") == [("-", False)]  # nothing to mark

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from coevo.retrieval.inverted_index import InvertedIndex
 from coevo.retrieval.keywords import normalize_keyword
-from coevo.rewards.cogr import INVALID_REWARD, ItemReward, QueryReward, naive_item_reward
+from coevo.rewards.cogr import INVALID_REWARD, ItemReward, QueryReward, naive_item_reward, naive_reference_f1
 
 
 def _norm_set(keywords) -> set[str]:
@@ -69,6 +69,22 @@ def test_item_reward_hand_computed() -> None:
 def test_trl_conversational_completions_are_read() -> None:
     reward = ItemReward(QUERIES, ITEMS, QRELS, k_max=5)
     assert reward(["i1"], [[{"role": "assistant", "content": "c, d"}]]) == reward(["i1"], ["c, d"])
+    # Tool results are not the model's keywords: only the last assistant turn is scored.
+    turns = [{"role": "assistant", "content": "a"}, {"role": "tool", "content": "x, y"},
+             {"role": "assistant", "content": "c, d"}]
+    assert reward(["i1"], [turns]) == reward(["i1"], ["c, d"])
+    with pytest.raises(TypeError, match="completion"):
+        reward(["i1"], [None])
+
+
+def test_naive_reward_checks_its_reference() -> None:
+    reference = naive_reference_f1(QUERIES, ITEMS, QRELS)
+    assert reference == pytest.approx([2 * 1 / (2 + 2), 2 * 1 / (2 + 1), 0.0])  # retrieved: i1,i4 | i2,i4 | none
+    assert naive_item_reward(QUERIES, ITEMS, QRELS, "i1", ["c", "d"], reference_f1=reference) == pytest.approx(-2 / 3)
+    with pytest.raises(ValueError, match="one F1 per query"):
+        naive_item_reward(QUERIES, ITEMS, QRELS, "i1", ["c"], reference_f1=reference[:2])
+    with pytest.raises(KeyError, match="'nope' is not in item_keywords"):
+        naive_item_reward(QUERIES, ITEMS, QRELS, "nope", ["c"])
 
 
 # -- property: incremental == naive full rebuild ---------------------------------------
@@ -106,6 +122,9 @@ def test_incremental_item_reward_equals_naive_rebuild(instance, strategy, min_gr
         assert naive_item_reward(query_keywords, item_keywords, qrels, item, cand, min_grade=min_grade) == pytest.approx(
             expected, abs=1e-9
         )
+        reference = naive_reference_f1(query_keywords, item_keywords, qrels, min_grade=min_grade)
+        assert naive_item_reward(query_keywords, item_keywords, qrels, item, cand, min_grade=min_grade,
+                                 reference_f1=reference) == pytest.approx(expected, abs=1e-9)
     # The same batch through the text API (parsing, then the same scores).
     texts = [", ".join(c) if _norm_set(c) else "..." for c in candidates]
     via_text = reward(item_ids, texts)

@@ -86,6 +86,17 @@ def test_reasoning_parser_caps_length():
     assert plain('Rewritten query: "find cheap flights"\nextra') == "find cheap flights"
 
 
+def test_parser_reads_conversational_completions_like_the_other_rewards():
+    parser = RewriteParser()
+    turns = [{"role": "assistant", "content": "draft"}, {"role": "tool", "content": "tool output"},
+             {"role": "assistant", "content": "Rewrite: cheap flights"}]
+    assert parser(turns) == "cheap flights"  # the final assistant turn, never the tool's text
+    assert parser([{"role": "tool", "content": "tool output"}]) is None  # no assistant turn: malformed
+    assert parser([]) is None
+    with pytest.raises(TypeError, match="completion"):  # a wiring mistake, not a malformed rewrite
+        parser(None)
+
+
 def test_similarity_reward_is_the_cosine(retriever):
     reward = SimilarityReward(retriever, {"q": ["a"]})
     values = reward(["q", "q"], ["aaa", "ab"])

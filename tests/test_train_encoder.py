@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coevo.config import EncoderTrainingParams
+from coevo.config import section
 from coevo.models.encoder import load_text_encoder
 from coevo.train.encoder import train_encoder
 
@@ -26,7 +26,7 @@ def test_training_learns_the_pairs_and_saves_a_loadable_encoder(tmp_path):
     encoder = load_text_encoder("all-minilm-l6-v2")
     before = _accuracy(encoder)
     pairs = list(zip(ANCHORS, POSITIVES)) * 4
-    params = EncoderTrainingParams(epochs=4, batch_size=6, learning_rate=5e-4)
+    params = section("cohyde.encoder_training", epochs=4, batch_size=6, learning_rate=5e-4)
     stats = train_encoder(encoder, pairs, params, tmp_path / "enc", seed=0)
     assert stats["pairs"] == 24 and stats["batch_size"] == 6 and stats["steps"] == 16
     assert np.isfinite(stats["train_loss"])
@@ -38,7 +38,7 @@ def test_training_learns_the_pairs_and_saves_a_loadable_encoder(tmp_path):
 
 
 def test_bad_pairs_are_refused(tmp_path):
-    params = EncoderTrainingParams()
+    params = section("cohyde.encoder_training")
     with pytest.raises(ValueError, match="at least 2"):
         train_encoder(None, [("a", "b")], params, tmp_path / "x", seed=0)
     with pytest.raises(ValueError, match="pair 1: expected two non-empty strings"):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-torch = pytest.importorskip("torch")
+import torch
 
-from coevo.config import GRPOParams, LoraParams, SFTParams  # noqa: E402
+from coevo.config import section  # noqa: E402
 from coevo.models.generator import Generator  # noqa: E402
 from coevo.models.prompts import keyword_completion, query_messages  # noqa: E402
 from coevo.train.grpo import grpo_config, train_grpo, wrap_reward  # noqa: E402
@@ -27,14 +27,14 @@ def _changed(before: dict[str, torch.Tensor], gen: Generator) -> bool:
 @pytest.mark.slow
 def test_sft_learns_the_targets(tmp_path):
     torch.set_num_threads(1)
-    gen = Generator.create("tiny", LoraParams(enabled=False), seed=0, corpus=CORPUS)
+    gen = Generator.create("tiny", section("cogr.lora", enabled=False), seed=0, corpus=CORPUS)
     examples = [
         {"prompt": query_messages(q), "completion": keyword_completion(k)}
         for q, k in [("weather today", ["weather", "forecast"]), ("cheap flights", ["flight search", "tickets"])]
     ]
     before = _trainable_snapshot(gen)
-    first = train_sft(gen, examples, SFTParams(epochs=1, learning_rate=1e-3, batch_size=2), tmp_path / "a", seed=0)
-    later = train_sft(gen, examples, SFTParams(epochs=15, learning_rate=1e-2, batch_size=2), tmp_path / "b", seed=0)
+    first = train_sft(gen, examples, section("cogr.sft", epochs=1, learning_rate=1e-3, batch_size=2), tmp_path / "a", seed=0)
+    later = train_sft(gen, examples, section("cogr.sft", epochs=15, learning_rate=1e-2, batch_size=2), tmp_path / "b", seed=0)
     assert _changed(before, gen)
     assert first["train/steps"] == 1 and later["train/steps"] == 15
     assert later["train/loss_last"] < first["train/loss"]  # it fits the two targets
@@ -44,15 +44,15 @@ def test_sft_learns_the_targets(tmp_path):
 def test_sft_rejects_bad_rows(tmp_path):
     gen = Generator.create("tiny", None, seed=0, corpus=CORPUS)
     with pytest.raises(ValueError, match="no training examples"):
-        train_sft(gen, [], SFTParams(), tmp_path, seed=0)
+        train_sft(gen, [], section("cogr.sft"), tmp_path, seed=0)
     with pytest.raises(ValueError, match="row 1 has no 'completion'"):
-        train_sft(gen, [{"prompt": "a", "completion": "b"}, {"prompt": "c"}], SFTParams(), tmp_path, seed=0)
+        train_sft(gen, [{"prompt": "a", "completion": "b"}, {"prompt": "c"}], section("cogr.sft"), tmp_path, seed=0)
 
 
 @pytest.mark.slow
 def test_grpo_trains_and_passes_columns_to_the_reward(tmp_path):
     torch.set_num_threads(1)
-    gen = Generator.create("tiny", LoraParams(r=4, alpha=8), seed=0, corpus=CORPUS)
+    gen = Generator.create("tiny", section("cogr.lora", r=4, alpha=8), seed=0, corpus=CORPUS)
     seen: list[str] = []
 
     def reward(completions: list[str], query_id: list[str]) -> list[float]:
@@ -61,7 +61,7 @@ def test_grpo_trains_and_passes_columns_to_the_reward(tmp_path):
 
     rows = [{"prompt": query_messages(f"query {i}"), "query_id": f"q{i}"} for i in range(4)]
     before = _trainable_snapshot(gen)
-    params = GRPOParams(num_generations=2, batch_size=4, learning_rate=1e-2, max_completion_length=6)
+    params = section("cogr.grpo", num_generations=2, batch_size=4, learning_rate=1e-2, max_completion_length=6)
     result = train_grpo(gen, rows, reward, params, tmp_path, seed=0)
     assert result["steps"] == 2  # 4 prompts x 2 completions / 4 per step
     assert set(seen) == {"q0", "q1", "q2", "q3"} and len(seen) == 8
@@ -71,7 +71,7 @@ def test_grpo_trains_and_passes_columns_to_the_reward(tmp_path):
 
 def test_grpo_input_errors_come_before_training(tmp_path):
     gen = Generator.create("tiny", None, seed=0, corpus=CORPUS)
-    params = GRPOParams(num_generations=2, batch_size=2)
+    params = section("cogr.grpo", num_generations=2, batch_size=2)
     with pytest.raises(ValueError, match="no prompts"):
         train_grpo(gen, [], lambda completions: [0.0], params, tmp_path, seed=0)
     with pytest.raises(ValueError, match=r"does not accept prompt column\(s\) \['item_id'\]"):
@@ -85,7 +85,7 @@ def test_cpu_settings_avoid_the_slow_trl_defaults(tmp_path, monkeypatch):
     for forced, expected in (("0", False), ("1", True)):
         monkeypatch.setenv("COEVO_CPU_BF16", forced)
         common.cpu_bf16_is_fast.cache_clear()
-        config = grpo_config(tmp_path, GRPOParams(), seed=1)
+        config = grpo_config(tmp_path, section("cogr.grpo"), seed=1)
         if not torch.cuda.is_available():
             assert config.bf16 is expected
         assert config.gradient_checkpointing is False
@@ -97,3 +97,53 @@ def test_wrap_reward_reads_conversational_completions():
     wrapped = wrap_reward(lambda completions, item_id: [len(c) for c in completions], ["item_id"])
     values = wrapped(prompts=[None, None], completions=[[{"role": "assistant", "content": "ab"}], "abc"], item_id=["i", "j"])
     assert values == [2.0, 3.0]
+
+
+def test_trl_mapping_reaches_the_grpo_config(tmp_path):
+    # Options coevo has no knob for come through params' trl mapping, after coevo's settings.
+    params = section("cogr.grpo", trl={"loss_type": "dapo", "epsilon": 0.3, "scale_rewards": "batch",
+                                      "mask_truncated_completions": True, "gradient_checkpointing": True})
+    config = grpo_config(tmp_path, params, seed=1)
+    assert (config.loss_type, config.epsilon, config.scale_rewards) == ("dapo", 0.3, "batch")
+    assert config.mask_truncated_completions is True and config.gradient_checkpointing is True
+    assert config.num_generations == params.num_generations  # coevo's own knobs are untouched
+
+
+@pytest.mark.slow
+def test_trl_gradient_accumulation_reaches_the_sft_and_grpo_trainers(tmp_path):
+    # Half as many optimizer steps with gradient_accumulation_steps=2: the option reached the trainer.
+    torch.set_num_threads(1)
+    examples = [{"prompt": query_messages(f"query {i}"), "completion": keyword_completion([f"kw{i}"])} for i in range(4)]
+    steps = {}
+    for accumulation in (1, 2):
+        gen = Generator.create("tiny", section("cogr.lora", r=4, alpha=8), seed=0, corpus=CORPUS)
+        params = section("cogr.sft", epochs=1, batch_size=1, trl={"gradient_accumulation_steps": accumulation})
+        steps[accumulation] = train_sft(gen, examples, params, tmp_path / f"sft{accumulation}", seed=0)["train/steps"]
+    assert steps == {1: 4, 2: 2}
+
+    rows = [{"prompt": query_messages(f"query {i}")} for i in range(4)]
+    grpo_steps = {}
+    for accumulation in (1, 2):
+        gen = Generator.create("tiny", section("cogr.lora", r=4, alpha=8), seed=0, corpus=CORPUS)
+        params = section("cogr.grpo", num_generations=2, batch_size=4, max_completion_length=4,
+                         trl={"gradient_accumulation_steps": accumulation})
+        result = train_grpo(gen, rows, lambda completions: [float(len(c)) for c in completions], params,
+                            tmp_path / f"grpo{accumulation}", seed=0)
+        grpo_steps[accumulation] = result["steps"]
+    assert grpo_steps == {1: 2, 2: 1}  # 4 prompts x 2 completions, 4 per micro-batch
+
+
+@pytest.mark.slow
+def test_trl_mapping_reaches_the_dpo_trainer(tmp_path):
+    from coevo.train.dpo import train_dpo
+
+    torch.set_num_threads(1)
+    steps = {}
+    for accumulation in (1, 2):
+        gen = Generator.create("tiny", section("cohyde.lora", r=4, alpha=8), seed=0, corpus=CORPUS)
+        prompts = [gen.render([{"role": "user", "content": f"Request: q{i}"}]) for i in range(4)]
+        pairs = [{"prompt": p, "chosen": "weather forecast", "rejected": "stock prices"} for p in prompts]
+        params = section("cohyde.dpo", epochs=1, batch_size=2,
+                         trl={"gradient_accumulation_steps": accumulation, "label_smoothing": 0.1})
+        steps[accumulation] = train_dpo(gen, pairs, params, 0.1, tmp_path / f"dpo{accumulation}", seed=0)["steps"]
+    assert steps == {1: 2, 2: 1}

@@ -6,7 +6,7 @@ prefect) only inside its commands, so `coevo --help` answers at once.
 
 import typer
 
-from coevo.cli import baseline, data, run, train
+from coevo.cli import baseline, data, params, run, train
 
 app = typer.Typer(
     name="coevo",
@@ -19,4 +19,5 @@ app.add_typer(data.app, name="data")
 app.add_typer(baseline.app, name="baseline")
 app.add_typer(train.app, name="train")
 app.add_typer(run.app, name="run")
+app.add_typer(params.app, name="params")
 run.register_top_level(app)  # `coevo demo`, `coevo ui`

@@ -1,4 +1,11 @@
-"""`coevo run ...` (Prefect flows), `coevo demo` and `coevo ui`."""
+"""`coevo run ...` (Prefect flows), `coevo demo` and `coevo ui`.
+
+The flows live in the project's top-level `flows/` folder and are loaded the way
+prefect.yaml entrypoints are (`flows/<method>.py:<method>_flow`), so nothing is installed
+under the bare names `flows` or `tasks`. Before Prefect starts, the same staleness keys
+that the flow's tasks use tell whether anything would run at all: a finished pipeline
+answers at once with its last results.
+"""
 
 from __future__ import annotations
 
@@ -15,31 +22,9 @@ app = typer.Typer(help="Run a method's full pipeline as a Prefect flow.", no_arg
 
 METHODS = ("cogr", "grape", "cohyde")
 STAGE_HELP = "Run one DVC stage only (prepare, validate, train, evaluate), or all of them."
-
-# `coevo demo`: the whole CoGR pipeline on the committed MetaTool sample, sized so that it
-# finishes within 15 minutes on 2 CPU cores with the offline SmolLM2-135M (measured; see
-# the README). Everything else comes from params.yaml.
-DEMO_OVERRIDES: tuple[str, ...] = (
-    "data.dataset=metatool_sample",
-    "data.loader=metatool",
-    "data.source=data/sample/metatool",
-    "cogr.generator=smollm2-135m",
-    "cogr.rounds=1",
-    "cogr.max_train_queries=48",
-    # Measured on this sample: G_0 seeds at 0.3 and LoRA on every linear layer are what let
-    # a few minutes of SFT fit the Algorithm 1 targets (val F1 0.33 vs 0.03 with q/v only).
-    "cogr.seed_temperature=0.3",
-    "cogr.lora.r=16",
-    "cogr.lora.alpha=32",
-    "cogr.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
-    "cogr.sft.epochs=3",
-    "cogr.sft.learning_rate=1e-3",
-    "cogr.grpo.num_generations=4",
-    "cogr.grpo.batch_size=8",
-    "cogr.grpo.max_prompts_per_phase=4",
-    "cogr.grpo.max_completion_length=32",
-    "cogr.sampling.max_new_tokens=32",
-)
+PARAMS_HELP = "Params file (YAML); repeat to overlay files, later ones win (e.g. -p params.yaml -p params/demo.yaml)."
+SET_HELP = "Override one param after the files, e.g. --set cogr.rounds=3 (repeatable)."
+DEMO_PARAMS = (Path("params.yaml"), Path("params") / "demo.yaml")
 
 
 def _environment(verbose: bool) -> None:
@@ -87,38 +72,57 @@ class _RichSteps:
             self.progress.advance(self.task_id)
 
 
+def load_flow(method: str) -> Any:
+    """`flows/<method>.py:<method>_flow` of the project in the working directory."""
+    entry = Path("flows") / f"{method}.py"
+    if not entry.exists():
+        raise FileNotFoundError(f"{entry.resolve()}: no such flow; run coevo from the project root (the folder "
+                                "holding params.yaml, flows/ and tasks/)")
+    from prefect.flows import load_flow_from_entrypoint
+
+    return load_flow_from_entrypoint(f"{entry}:{method}_flow")
+
+
 def run_method(
     method: str,
-    params_path: Path,
+    params_paths: list[Path],
     overrides: list[str],
     stage: str = "all",
     verbose: bool = False,
     extra: dict[str, Any] | None = None,
+    always: bool = False,
 ) -> dict[str, Any]:
-    """Validate params, run the method's flow with progress, print the results table."""
+    """Validate params, run the method's flow with progress (or report it up to date), print the table."""
+    from coevo.checks import TrackingError, check_reachable
     from coevo.config import load_params
+    from coevo.pipeline import Pipeline, check_stage, wants
 
-    params = load_params(params_path, overrides)  # bad params: fail here, before any work
-    if stage not in ("all", "prepare", "validate", "train", "evaluate"):
-        raise ValueError(f"--stage {stage!r}: expected all, prepare, validate, train or evaluate")
-    _environment(verbose)
-    from tasks.tracking import TrackingError, check_reachable
-
-    if stage in ("all", "evaluate"):
+    params = load_params(params_paths, overrides)  # bad params: fail here, before any work
+    check_stage(stage)
+    if wants(stage, "evaluate"):
         try:
             check_reachable(params.tracking.uri)
         except TrackingError as exc:
             raise ValueError(str(exc)) from None
-
-    import importlib
-
-    from flows.common import listening
-
-    flow_fn = getattr(importlib.import_module(f"flows.{method}"), f"{method}_flow")
-    steps = _RichSteps()
     started = time.perf_counter()
-    with listening(steps), steps.progress:
-        summary = flow_fn(params_path=str(params_path), overrides=list(overrides), stage=stage, **(extra or {}))
+    pipe = Pipeline(method, params)
+    if not (extra or always) and pipe.up_to_date(stage):
+        last = pipe.last_summary() if wants(stage, "evaluate") else None
+        summary = dict(last or {"method": method, "rows": []})
+        summary.update(steps={"executed": 0, "cached": 0}, seconds=time.perf_counter() - started, up_to_date=True)
+        what = "step" if stage == "all" else f"{stage} step"
+        console.print(f"[green]up to date[/]: every {what} of {method} on {params.data.dataset} is finished with "
+                      "these inputs (data, params, code); nothing ran.", soft_wrap=True)
+        print_summary(summary)
+        return summary
+    _environment(verbose)
+    flow_fn = load_flow(method)
+    from coevo import progress
+
+    steps = _RichSteps()
+    with progress.listening(steps), steps.progress:
+        summary = flow_fn(params_path=[str(p) for p in params_paths], overrides=list(overrides), stage=stage,
+                          **(extra or {}))
     summary["seconds"] = time.perf_counter() - started
     print_summary(summary)
     return summary
@@ -128,6 +132,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     from coevo.report import metrics_table
 
     metrics = summary.get("table_metrics") or ("f1", "recall@100", "ndcg@10")
+    if summary.get("up_to_date") and summary.get("mlflow"):
+        console.print("results of the last run:")
     if summary.get("rows"):
         console.print(metrics_table(summary["rows"], metrics, title=f"{summary['method']}: results"))
     steps = summary.get("steps", {})
@@ -147,15 +153,15 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def _method_command(method: str, doc: str) -> None:
     def command(
-        params: Path = typer.Option(Path("params.yaml"), "--params", "-p", help="Params file (YAML)."),
-        overrides: list[str] = typer.Option(
-            [], "--set", "-s", help="Override one param, e.g. --set cogr.rounds=3 (repeatable)."
-        ),
+        params: list[Path] = typer.Option([Path("params.yaml")], "--params", "-p", help=PARAMS_HELP),
+        overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
         stage: str = typer.Option("all", "--stage", help=STAGE_HELP),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
+        log_run: bool = typer.Option(False, "--log-run", help="Start the flow even when every step is up to date "
+                                     "(a new Prefect flow run and MLflow run, all steps from cache)."),
     ) -> None:
         with user_errors():
-            run_method(method, params, overrides, stage, verbose)
+            run_method(method, params, overrides, stage, verbose, always=log_run)
 
     command.__doc__ = doc
     app.command(method, help=doc)(command)
@@ -171,17 +177,15 @@ def register_top_level(root: typer.Typer) -> None:
 
     @root.command("demo")
     def demo(
-        params: Path = typer.Option(Path("params.yaml"), "--params", "-p", help="Params file (YAML)."),
-        overrides: list[str] = typer.Option([], "--set", "-s", help="Extra overrides on top of the demo's."),
+        overrides: list[str] = typer.Option([], "--set", "-s", help="Extra overrides on top of params/demo.yaml."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
     ) -> None:
-        """The whole CoGR pipeline on the embedded MetaTool sample, on CPU, with SmolLM2-135M."""
+        """The whole CoGR pipeline on the embedded MetaTool sample, on CPU, with SmolLM2-135M
+        (params.yaml overlaid with params/demo.yaml)."""
         with user_errors():
-            console.print(
-                "[bold]coevo demo[/]: CoGR on data/sample/metatool with smollm2-135m (CPU). "
-                "Demo-sized knobs: " + " ".join(DEMO_OVERRIDES), soft_wrap=True
-            )
-            run_method("cogr", params, [*DEMO_OVERRIDES, *overrides], "all", verbose)
+            console.print("[bold]coevo demo[/]: CoGR on data/sample/metatool with smollm2-135m (CPU), "
+                          "params.yaml + params/demo.yaml", soft_wrap=True)
+            run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose)
             console.print(
                 "next: `coevo ui` (MLflow at http://127.0.0.1:5000), `dvc repro` (pipeline), "
                 "`dvc metrics show`, `dvc plots show`", soft_wrap=True

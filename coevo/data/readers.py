@@ -1,7 +1,8 @@
 """Strict readers for raw source files: every error names the file and the line, row or field.
 
 Row numbers in CSV/TSV messages follow the spreadsheet convention: the header is row 1, the
-first record row 2 (equal to the line number unless a quoted field spans lines).
+first record row 2 (equal to the line number unless a quoted field spans lines). Whole-file
+text and JSON reads are :func:`coevo.io.read_text` and :func:`coevo.io.read_json`.
 """
 
 from __future__ import annotations
@@ -15,13 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-
-def require_file(path: Path, what: str = "file") -> Path:
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: {what} does not exist")
-    if not path.is_file():
-        raise ValueError(f"{path}: expected a {what}, found a folder")
-    return path
+# read_text and read_json live in coevo.io (one copy for artifacts and raw sources); re-exported here.
+from coevo.io import read_json, read_text  # noqa: F401
 
 
 def require_dir(path: Path, what: str = "source folder") -> Path:
@@ -30,23 +26,6 @@ def require_dir(path: Path, what: str = "source folder") -> Path:
     if not path.is_dir():
         raise ValueError(f"{path}: expected a {what}, found a file")
     return path
-
-
-def read_text(path: Path) -> str:
-    """The file decoded as UTF-8 (a BOM is dropped); non-UTF-8 bytes and empty files are errors."""
-    require_file(path)
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ValueError(
-            f"{path}: line {line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
-            "re-encode the file as UTF-8"
-        ) from None
-    if not text.strip():
-        raise ValueError(f"{path}: file is empty")
-    return text
 
 
 def read_table(path: Path, columns: Sequence[str], *, sep: str = ",") -> pd.DataFrame:
@@ -71,14 +50,6 @@ def read_table(path: Path, columns: Sequence[str], *, sep: str = ",") -> pd.Data
     if frame.empty:
         raise ValueError(f"{path}: no data rows below the header")
     return frame[list(columns)]
-
-
-def read_json(path: Path) -> Any:
-    text = read_text(path)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON ({exc.msg})") from None
 
 
 def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:

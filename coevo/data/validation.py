@@ -98,7 +98,7 @@ class ValidationReport:
 
     def write(self, path: str | Path) -> Path:
         path = Path(path)
-        io.write_json(path, _jsonable(self.to_dict()))
+        io.write_json(path, io.jsonable(self.to_dict()))
         io.write_text(path.with_suffix(".md"), self.to_markdown())
         self.report_path = path
         return path
@@ -108,18 +108,6 @@ class ValidationReport:
         body = [f"  - {f.describe()}" for f in self.failures]
         tail = [f"  report: {self.report_path} (and {self.report_path.with_suffix('.md')})"] if self.report_path else []
         return "\n".join([head, *body, *tail])
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()  # numpy scalars
-    if isinstance(value, float) and value != value:
-        return None  # NaN (a null id) is not valid JSON
-    return value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
 
 
 # ------------------------------------------------------------------------------ GE plumbing
@@ -215,7 +203,7 @@ def _offending(result: dict[str, Any], table: str, column: str) -> list[Any]:
     id_column = ID_COLUMN[table]
     index_list = result.get("partial_unexpected_index_list") or []
     if id_column and column != id_column and index_list and isinstance(index_list[0], dict):
-        values = [f"{column}={_jsonable(row.get(column))!r} at {id_column}={row.get(id_column)!r}" for row in index_list]
+        values = [f"{column}={io.jsonable(row.get(column))!r} at {id_column}={row.get(id_column)!r}" for row in index_list]
     elif table == "qrels" and column == "query_id,item_id":
         values = [tuple(v.values()) if isinstance(v, dict) else v for v in result.get("partial_unexpected_list", [])]
     else:
@@ -224,7 +212,7 @@ def _offending(result: dict[str, Any], table: str, column: str) -> list[Any]:
     for value in values:
         if value not in unique:
             unique.append(value)
-    return [_jsonable(v) for v in unique[:MAX_VALUES]]
+    return [io.jsonable(v) for v in unique[:MAX_VALUES]]
 
 
 def _exception_message(info: Any) -> str | None:

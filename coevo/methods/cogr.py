@@ -1,10 +1,10 @@
 """CoGR: two keyword generators co-evolving through retrieval reward (see DESIGN.md, "CoGR").
 
-The loop is a chain of idempotent phases over one run directory, so an orchestrator can wrap
-each phase in its own task and a killed run resumes at the last finished phase:
+The loop is a chain of phases over one run directory (:class:`coevo.methods.base.Method`
+decides what re-runs; a killed run resumes at the last finished phase):
 
     run_dir/
-      config.json                 what the run was started with (a resume must match it)
+      stamps/<phase>.json         each finished phase's key and record (coevo.steps)
       seed/                       Algorithm 1: sampled S_i, pooled S_q (parquet), summary
       phases/00_sft/              SFT-initialised generators (or 00_base with sft_init=false)
       phases/01_query/            query-side GRPO against the frozen item index
@@ -13,8 +13,7 @@ each phase in its own task and a killed run resumes at the last finished phase:
           generators/{query,item}|shared/   LoRA adapters (or full weights)
           keywords.json           ordered keyword sets: items, train and eval queries
           indexes/items.jsonl     item index (keyword -> items), queries.jsonl (keyword -> queries)
-          metrics.json            this phase's train/ and eval/ metrics
-          history.json            every finished phase's metrics so far, early-stopping state
+          metrics.json            this phase's record: eval (val split), train, keyword counts
           dynamics.json/.csv      distinct keywords by n-gram length, example keyword sets
 
 Every phase reloads its inputs from the previous phase's folder and reseeds from
@@ -25,12 +24,11 @@ from __future__ import annotations
 
 import csv
 import io as _io
-import json
 import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,18 +37,16 @@ import numpy as np
 import pandas as pd
 
 from coevo.config import Params
+from coevo.methods.base import MONITOR_SPLIT, Method, Phase
 from coevo.io import atomic_path, read_json, write_json, write_parquet, write_text
 from coevo.models.prompts import item_messages, keyword_completion, query_messages
 
 log = logging.getLogger(__name__)
 
 QUERY, ITEM, SHARED = "query", "item", "shared"
-CONFIG_FILE = "config.json"
 EXAMPLES_PER_SIDE = 3
 # Extra completions sampled per item by G_0 when one sample yields fewer than M keywords.
 SEED_SAMPLES = 2
-
-ProgressFn = Callable[[str], None]
 
 
 def phase_seed(seed: int, phase: int) -> int:
@@ -96,13 +92,34 @@ def ngram_histogram(keyword_sets: Mapping[str, Sequence[str]]) -> dict[str, int]
     return hist
 
 
-class CoGRRun:
+# Knobs each CoGR phase depends on (besides `seed`); `rounds` and early stopping are left out,
+# so adding a round or changing the patience keeps every finished phase.
+SEED_KNOBS = ("generator", "seed_generator", "m_item_keywords", "n_query_keywords", "sampling", "seed_temperature",
+              "sft_init")
+NOT_SFT_KNOBS = ("rounds", "early_stopping", "grpo", "query_side_only", "item_reward")
+NOT_GRPO_KNOBS = ("rounds", "early_stopping")
+
+
+def _knobs(exclude: Sequence[str] = (), only: Sequence[str] | None = None) -> tuple[str, ...]:
+    from coevo.config import CoGRParams
+
+    names = only if only is not None else [n for n in CoGRParams.model_fields if n not in exclude]
+    return ("seed", *(f"cogr.{n}" for n in names))
+
+
+class CoGR(Method):
     """One CoGR training run in ``run_dir`` (see the module docstring for the layout).
 
-    Public phase functions (each idempotent: it returns the stored result when its output
-    exists): :meth:`seed_keywords`, :meth:`sft`, :meth:`phase`, plus :meth:`run` chaining them
-    with early stopping, and :meth:`history`.
+    Phases: ``seed`` (Algorithm 1, with sft_init), ``00_sft`` (or ``00_base``), then per round
+    ``NN_query`` and ``NN_item`` GRPO phases; :class:`~coevo.methods.base.Method` runs them.
     """
+
+    name = "cogr"
+    title = "CoGR"
+    code = ("coevo.methods.base", "coevo.methods.cogr", "coevo.methods.cogr_report", "coevo.models", "coevo.train", "coevo.rewards",
+            "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime")
+    plan_params = ("cogr.rounds", "cogr.sft_init", "cogr.query_side_only", "cogr.early_stopping")
+    table_metrics = ("f1", "recall@100", "ndcg@10")
 
     def __init__(
         self,
@@ -110,29 +127,22 @@ class CoGRRun:
         params: Params,
         dataset_dir: str | Path,
         *,
-        progress: bool = True,
+        progress: bool = False,
+        data_fingerprint: str | None = None,
         cache_dir: Path | None = None,
         use_vllm: bool = False,
         generation_batch_size: int | None = None,
     ):
-        from coevo.data.schema import Dataset
-
-        self.run_dir = Path(run_dir)
-        self.params = params
+        super().__init__(run_dir, params, dataset_dir, progress=progress, data_fingerprint=data_fingerprint)
         self.cfg = params.cogr
-        self.seed = params.seed
-        self.dataset_dir = Path(dataset_dir)
-        self.progress = progress
         self.cache_dir = cache_dir
         self.use_vllm = use_vllm
         self.generation_batch_size = generation_batch_size or _default_generation_batch_size()
-        self.dataset = Dataset.load(self.dataset_dir)
         self.train_qrels = self.dataset.relevant("train")
-        self.eval_qrels = self.dataset.relevant(self.cfg.eval_split)
+        self.require_val()
+        self.eval_qrels = self.dataset.relevant(MONITOR_SPLIT)
         if not self.train_qrels:
             raise ValueError(f"{self.dataset_dir}: no train query has a relevant item; CoGR cannot train")
-        if not self.eval_qrels:
-            raise ValueError(f"{self.dataset_dir}: no {self.cfg.eval_split} query has a relevant item; nothing to evaluate")
         items = self.dataset.items.sort_values("item_id", kind="stable")
         self.item_ids: list[str] = list(items["item_id"])
         self.item_title = dict(zip(items["item_id"], items["title"]))
@@ -149,8 +159,11 @@ class CoGRRun:
             picked = np.random.default_rng(self.seed).choice(with_relevant, size=min(cap, len(with_relevant)), replace=False)
             self.train_query_ids = sorted(picked)
             self.train_qrels = {q: self.train_qrels[q] for q in self.train_query_ids}
-        self.eval_query_ids = sorted(self.dataset.queries_in(self.cfg.eval_split)["query_id"])
-        self._check_config()
+        self.eval_query_ids = sorted(self.dataset.queries_in(MONITOR_SPLIT)["query_id"])
+
+    @property
+    def early_stopping_params(self):
+        return self.cfg.early_stopping
 
     # ------------------------------------------------------------------ layout
     @property
@@ -170,37 +183,36 @@ class CoGRRun:
                 specs.append(PhaseSpec(len(specs), ITEM, r))
         return specs
 
+    def phases(self) -> list[Phase]:
+        out = []
+        if self.cfg.sft_init:
+            out.append(Phase("seed", "Algorithm 1 seeds", _knobs(only=SEED_KNOBS), ("seed",)))
+        for spec in self.schedule():
+            if spec.index == 0:
+                out.append(Phase(spec.name, "SFT" if spec.kind == "sft" else "untrained base", _knobs(NOT_SFT_KNOBS),
+                                 (f"phases/{spec.name}",), reads=("seed",) if self.cfg.sft_init else (),
+                                 monitored=True))
+            else:
+                out.append(Phase(spec.name, f"round {spec.round} {spec.kind} GRPO", _knobs(NOT_GRPO_KNOBS),
+                                 (f"phases/{spec.name}",), reads=(out[-1].name,), monitored=True,
+                                 stoppable=True))
+        return out
+
+    def _run(self, phase: Phase) -> dict[str, Any]:
+        if phase.name == "seed":
+            return self.seed_keywords()
+        index = int(phase.name.split("_", 1)[0])
+        return self.sft() if index == 0 else self.grpo_phase(index)
+
     def phase_dir(self, index: int) -> Path:
         spec = self.schedule()[index]
         return self.phases_dir / spec.name
 
-    def is_done(self, index: int) -> bool:
-        return (self.phase_dir(index) / "metrics.json").exists()
-
-    def _check_config(self) -> None:
-        """A resumed run must have been started with the same params and data."""
-        config = {
-            "seed": self.seed,
-            "cogr": self.cfg.model_dump(),
-            "dataset": self.dataset.metadata(),
-        }
-        path = self.run_dir / CONFIG_FILE
-        if path.exists():
-            stored = read_json(path)
-            if stored != json.loads(json.dumps(config)):
-                raise ValueError(
-                    f"{path}: this run directory was started with other params or data; "
-                    "use a fresh --out directory (or delete this one) to start over"
-                )
-        else:
-            write_json(path, config)
+    def _index_of(self, name: str) -> int:
+        return int(name.split("_", 1)[0])
 
     def _say(self, message: str) -> None:
-        log.info(message)
-        if self.progress:
-            from rich.console import Console
-
-            Console(stderr=True).print(f"[cyan]cogr[/] {message}", highlight=False)
+        self.say(message)
 
     # -------------------------------------------------------------- generators
     def _corpus(self) -> list[str]:
@@ -271,8 +283,6 @@ class CoGRRun:
         keywords, n_relevant) and seed/summary.json; returns the summary.
         """
         done = self.seed_dir / "summary.json"
-        if done.exists():
-            return read_json(done)
         from coevo.models.generator import seeded
         from coevo.retrieval.keywords import normalize_keyword, parse_keywords
 
@@ -332,7 +342,6 @@ class CoGRRun:
 
     def seed_targets(self) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         """(item S_i, query S_q) from the seed artifacts."""
-        self.seed_keywords()
         items = pd.read_parquet(self.seed_dir / "items.parquet")
         queries = pd.read_parquet(self.seed_dir / "queries.parquet")
         return (
@@ -344,8 +353,6 @@ class CoGRRun:
     def sft(self) -> dict[str, Any]:
         """Phase 0: SFT both generators on the Algorithm 1 targets (or, with sft_init=false,
         take the untrained base generators), build both indexes, evaluate."""
-        if self.is_done(0):
-            return read_json(self.phase_dir(0) / "metrics.json")
         from coevo.models.generator import seeded
         from coevo.train.sft import train_sft
 
@@ -376,30 +383,23 @@ class CoGRRun:
             if self.cfg.shared_generator:
                 self._say(f"SFT shared generator on {len(examples[QUERY])} query + {len(examples[ITEM])} item targets")
                 m = train_sft(gens[QUERY], examples[QUERY] + examples[ITEM], self.cfg.sft, scratch / "sft", seed)
-                train_metrics.update({f"{k}": v for k, v in m.items()})
+                train_metrics.update({k.split("/", 1)[-1]: v for k, v in m.items()})
             else:
                 for side in (QUERY, ITEM):
                     self._say(f"SFT {side} generator on {len(examples[side])} targets")
                     m = train_sft(gens[side], examples[side], self.cfg.sft, scratch / f"sft_{side}", seed)
-                    train_metrics.update({k.replace("train/", f"train/{side}_"): v for k, v in m.items()})
+                    train_metrics.update({f"{side}_{k.split('/', 1)[-1]}": v for k, v in m.items()})
                     if side == QUERY:
-                        train_metrics["train/loss"] = m["train/loss"]
+                        train_metrics["loss"] = m["train/loss"]
         return self._finish_phase(spec, gens, changed=(QUERY, ITEM), train_metrics=train_metrics, started=started)
 
     # ------------------------------------------------------------ GRPO phases
-    def phase(self, index: int) -> dict[str, Any]:
+    def grpo_phase(self, index: int) -> dict[str, Any]:
         """GRPO phase ``index`` (>= 1): train one side against the other side's frozen index,
-        rebuild the changed index(es), evaluate, checkpoint. Returns the phase metrics."""
+        rebuild the changed index(es), evaluate, checkpoint. Returns the phase record."""
         specs = self.schedule()
         if not 1 <= index < len(specs):
             raise ValueError(f"phase index {index} out of range 1..{len(specs) - 1}")
-        if self.is_done(index):
-            return read_json(self.phase_dir(index) / "metrics.json")
-        if not self.is_done(index - 1):
-            if index - 1 == 0:
-                self.sft()
-            else:
-                self.phase(index - 1)
         from coevo.models.generator import seeded
         from coevo.rewards.cogr import ItemReward, QueryReward
         from coevo.retrieval.inverted_index import InvertedIndex
@@ -448,8 +448,7 @@ class CoGRRun:
                 top_p=self.cfg.sampling.top_p,
                 use_vllm=self.use_vllm,
             )
-        train_metrics = {f"train/{k}": v for k, v in result.items()}
-        train_metrics["train/prompts"] = len(rows)
+        train_metrics = {**result, "prompts": len(rows)}
         changed = (QUERY, ITEM) if self.cfg.shared_generator else (spec.kind,)
         return self._finish_phase(spec, gens, changed=changed, train_metrics=train_metrics, started=started)
 
@@ -489,16 +488,16 @@ class CoGRRun:
             "name": spec.name,
             "kind": spec.kind,
             "round": spec.round,
-            **{f"eval/{k}": float(v) for k, v in eval_metrics.items()},
-            "train_set/f1": float(train_eval["f1"]),
-            **train_metrics,
-            "keywords/item_mean": float(np.mean([len(v) for v in items.values()])) if items else 0.0,
-            "keywords/query_mean": float(np.mean([len(v) for v in queries_eval.values()])) if queries_eval else 0.0,
-            "keywords/item_empty": int(sum(1 for v in items.values() if not v)),
-            "keywords/query_empty": int(sum(1 for v in queries_eval.values() if not v)),
+            "eval": {k: float(v) for k, v in eval_metrics.items()},
+            "train_set": {"f1": float(train_eval["f1"])},
+            "train": train_metrics,
+            "keywords": {
+                "item_mean": float(np.mean([len(v) for v in items.values()])) if items else 0.0,
+                "query_mean": float(np.mean([len(v) for v in queries_eval.values()])) if queries_eval else 0.0,
+                "item_empty": int(sum(1 for v in items.values() if not v)),
+                "query_empty": int(sum(1 for v in queries_eval.values() if not v)),
+            },
         }
-        history = self.history(upto=spec.index - 1) + [record]
-        stopping = self._early_stopping(history)
         record["seconds"] = time.perf_counter() - started
         dynamics = self._dynamics(spec, items, {**queries_train, **queries_eval})
 
@@ -521,34 +520,13 @@ class CoGRRun:
             InvertedIndex.from_keyword_sets({**queries_train, **queries_eval}).save(tmp / "indexes" / "queries.jsonl")
             write_json(tmp / "dynamics.json", dynamics)
             write_text(tmp / "dynamics.csv", _dynamics_csv(spec, dynamics))
-            write_json(tmp / "history.json", {"history": history, "early_stopping": stopping})
             write_json(tmp / "metrics.json", record)  # last inside the folder; the folder rename commits all
         shutil.rmtree(self.run_dir / "scratch", ignore_errors=True)
         self._say(
-            f"phase {spec.name}: eval f1={record['eval/f1']:.4f} recall@100={record['eval/recall@100']:.4f} "
-            f"ndcg@10={record['eval/ndcg@10']:.4f} ({record['seconds']:.0f}s)"
+            f"phase {spec.name}: val f1={record['eval']['f1']:.4f} recall@100={record['eval']['recall@100']:.4f} "
+            f"ndcg@10={record['eval']['ndcg@10']:.4f} ({record['seconds']:.0f}s)"
         )
         return record
-
-    def _early_stopping(self, history: Sequence[dict[str, Any]]) -> dict[str, Any]:
-        """Best monitored metric so far and phases since it improved by more than min_delta."""
-        key = f"eval/{self.cfg.early_stopping.metric}"
-        best, best_phase, stale = -np.inf, None, 0
-        for row in history:
-            value = row.get(key)
-            if value is None:
-                raise ValueError(f"cogr.early_stopping.metric: {key!r} is not an evaluation metric")
-            if value > best + self.cfg.early_stopping.min_delta:
-                best, best_phase, stale = value, row["phase"], 0
-            else:
-                stale += 1
-        return {
-            "metric": key,
-            "best": float(best),
-            "best_phase": best_phase,
-            "stale_phases": stale,
-            "stop": stale >= self.cfg.early_stopping.patience,
-        }
 
     def _dynamics(self, spec: PhaseSpec, items: Mapping[str, Sequence[str]], queries: Mapping[str, Sequence[str]]) -> dict[str, Any]:
         example_items = self.item_ids[:EXAMPLES_PER_SIDE]
@@ -574,72 +552,54 @@ class CoGRRun:
             raise FileNotFoundError(f"{path}: phase {index} has not finished")
         return read_json(path)
 
-    def history(self, upto: int | None = None) -> list[dict[str, Any]]:
-        """Metrics of every finished phase, in order (up to phase ``upto`` inclusive)."""
-        out = []
-        for spec in self.schedule():
-            if upto is not None and spec.index > upto:
-                break
-            path = self.phases_dir / spec.name / "metrics.json"
-            if not path.exists():
-                break
-            out.append(read_json(path))
-        return out
-
-    def evaluate(self, index: int | None = None, split: str | None = None) -> dict[str, float]:
-        """Re-evaluate the keyword sets of a finished phase (default: the last) on a split.
-
-        Query keywords for a split other than the run's eval split are generated with the
-        phase's query generator.
-        """
+    def evaluate(self, index: int, split: str) -> dict[str, Any]:
+        """Evaluate the keyword sets of finished phase ``index`` on ``split``: the mean metrics,
+        per-query values and the query count. Query keywords of a split other than val are
+        generated with the phase's query generator."""
         from coevo.retrieval.evaluate import evaluate_keyword_retrieval
 
-        history = self.history()
-        if not history:
-            raise ValueError(f"{self.run_dir}: no finished phase to evaluate")
-        index = history[-1]["phase"] if index is None else index
-        split = split or self.cfg.eval_split
         kw = self.keywords(index)
         qrels = self.dataset.relevant(split)
-        if split == self.cfg.eval_split:
+        if split == MONITOR_SPLIT:
             queries = kw["queries_eval"]
         else:
             ids = sorted(self.dataset.queries_in(split)["query_id"])
             gen = self._load_generators(index)[QUERY]
             sets = self._generate_keywords(gen, self._query_prompts(ids), f"indexing {split} queries", seed=self.seed)
             queries = {q: list(k) for q, k in zip(ids, sets)}
-        return evaluate_keyword_retrieval(queries, kw["items"], qrels, query_ids=[q for q in queries if q in qrels])
+        query_ids = [q for q in queries if q in qrels]
+        if not query_ids:
+            raise ValueError(f"{self.dataset_dir}: no {split} query has a relevant item; nothing to evaluate")
+        metrics = evaluate_keyword_retrieval(queries, kw["items"], qrels, query_ids=query_ids)
+        return {k: float(v) for k, v in metrics.items()} | {"n_queries": len(query_ids)}
 
-    def best_phase(self) -> int:
-        history = self.history()
-        if not history:
-            raise ValueError(f"{self.run_dir}: no finished phase")
-        return json.loads((self.phase_dir(history[-1]["phase"]) / "history.json").read_text())["early_stopping"]["best_phase"]
+    def final_evaluation(self, split: str) -> dict[str, Any]:
+        """The start (phase 0) and the phase chosen on val, evaluated once on ``split``."""
+        best = self.best_phase()
+        start = self.schedule()[0].name
+        rows = []
+        for name in dict.fromkeys((start, best)):
+            label = {"sft": "SFT start", "base": "untrained start"}.get(self.schedule()[0].kind) if name == start \
+                else f"best phase {name}"
+            rows.append({"label": label, "phase": name, "split": split,
+                         **self.evaluate(self._index_of(name), split)})
+        if best == start:
+            rows.append({**rows[0], "label": f"best phase {best}"})
+        return {"split": split, "best_phase": best, "rows": rows}
 
-    # --------------------------------------------------------------- the loop
-    def run(self, progress: ProgressFn | None = None) -> list[dict[str, Any]]:
-        """Seed, SFT, then the GRPO phases until `rounds` or early stopping; resumes where it stopped.
+    def exports(self, index_dir: Path, final: Mapping[str, Any]) -> dict[str, Any]:
+        """The chosen phase's item keywords as a Lucene index that pyserini can search."""
+        from coevo.retrieval.lucene import export_keyword_index
 
-        ``progress(message)`` is called after every finished phase (e.g. to log it).
-        Returns :meth:`history`.
-        """
-        if self.cfg.sft_init:
-            self.seed_keywords()
-        record = self.sft()
-        if progress:
-            progress(f"{record['name']}: eval f1 {record['eval/f1']:.4f}")
-        for spec in self.schedule()[1:]:
-            previous = read_json(self.phase_dir(spec.index - 1) / "history.json")["early_stopping"]
-            if previous["stop"]:
-                self._say(
-                    f"early stopping: {previous['metric']} has not improved for {previous['stale_phases']} phase(s) "
-                    f"(best {previous['best']:.4f} at phase {previous['best_phase']})"
-                )
-                break
-            record = self.phase(spec.index)
-            if progress:
-                progress(f"{record['name']}: eval f1 {record['eval/f1']:.4f}")
-        return self.history()
+        out = index_dir / "lucene"
+        export_keyword_index(self.keywords(self._index_of(final["best_phase"]))["items"], str(out))
+        return {"lucene_dir": str(out)}
+
+    def write_reports(self, metrics_file: Path, plots_csv: Path, report_dir: Path, final: Mapping[str, Any],
+                      baselines: Mapping[str, Any]) -> list[str]:
+        from coevo.methods.cogr_report import write_cogr_reports
+
+        return write_cogr_reports(self, metrics_file, plots_csv, report_dir, final, baselines)
 
 
 def _default_generation_batch_size() -> int:

@@ -1,19 +1,19 @@
 """CoHyDE: co-train a HyDE rewriter (tool descriptions) and a dense encoder, as idempotent phases.
 
-Phases over one run directory, each writing its checkpoint atomically and returning the
-stored result when it is already there (so a crashed run resumes at the last finished
-phase, and an orchestrator can wrap each phase in a task):
+Phases over one run directory (:class:`coevo.methods.base.Method` decides what re-runs;
+inside a round every step is checkpointed, so an interrupted round resumes at its last step):
 
-- ``s1a()``       fine-tune the encoder on (query, tool) pairs, tools in random formats
-- ``s1b()``       warm the rewriter by next-token training on the tool corpus (5 formats)
-- ``round(r)``    S2 one greedy description per training query; S3 continue training the
+- ``raw``         the raw encoder on the raw query (val)
+- ``s1a``         fine-tune the encoder on (query, tool) pairs, tools in random formats
+- ``s1b``         warm the rewriter by next-token training on the tool corpus (5 formats)
+- ``hyde``        vanilla HyDE: the untrained rewriter's description under the S1a encoder (val)
+- ``round_<r>``   S2 one greedy description per training query; S3 continue training the
                   encoder on (description, tool) pairs only; S4 sample ``num_samples``
                   descriptions at ``sample_temperature``, score each by NDCG@5 under the new
                   encoder, DPO on best vs worst (ties dropped)
-- ``evaluate(stage)``  NDCG@5 and Recall@5 per group (G1, G2, G3) and overall, on the val
-                  and test splits, for ``raw``, ``s1a``, ``hyde`` (untrained rewriter + S1a
-                  encoder) and ``round_<r>``. Rewriter stages encode only the description.
-- ``run()``       everything, with early stopping across rounds; ``history()`` the table.
+Every evaluation reports NDCG@5 and Recall@5 per group (G1, G2, G3) and overall on the val
+split (early stopping and round selection); the test split is read once, by
+:meth:`CoHyDE.final_evaluation`. Rewriter stages encode only the description.
 
 Layout of ``run_dir``::
 
@@ -21,8 +21,8 @@ Layout of ``run_dir``::
     s1a/encoder/ s1a/index/    encoder checkpoint and its faiss corpus index
     s1b/generator/
     round_<r>/s2.json  encoder/ index/ s3.json  s4.json pairs.json  generator/  done.json
-    eval/<stage>.json          metrics (+ example descriptions)
-    state.json                 finished phases and early-stopping decision
+    eval/<stage>.json          val metrics (+ example descriptions)
+    stamps/<phase>.json        each finished phase's key and record (coevo.steps)
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from coevo.config import CoHyDEParams
+from coevo.config import CoHyDEParams, Params
 from coevo.data.render import FORMATS, render_tool
-from coevo.io import read_json, write_json
+from coevo.io import jsonable, read_json, write_json
+from coevo.methods.base import MONITOR_SPLIT, Method, Phase
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,6 @@ REWRITER_SYSTEM = (
     "one tool that would serve it: the tool name, the API name and what the API does. "
     "Answer with the description only."
 )
-EVAL_SPLITS = ("val", "test")
 METRIC_KS = (5,)
 RAW, S1A, HYDE = "raw", "s1a", "hyde"
 # Warm-up texts are cut here: long parameter lists add memory and time, not tool vocabulary.
@@ -73,30 +73,63 @@ def round_stage(r: int) -> str:
     return f"round_{r}"
 
 
-class CoHyDERun:
+ENCODER_KNOBS = ("encoder", "index_format")
+S1A_KNOBS = (*ENCODER_KNOBS, "encoder_training", "max_train_queries")
+REWRITER_KNOBS = ("generator", "lora", "warmup", "warmup_formats_per_item", "warmup_max_examples", "max_train_queries")
+NOT_ROUND_KNOBS = ("rounds", "early_stopping")
+
+
+class CoHyDE(Method):
     """One CoHyDE run: phases over ``run_dir`` on the processed dataset in ``dataset_dir``."""
 
-    def __init__(self, run_dir: str | Path, params: CoHyDEParams, dataset_dir: str | Path, seed: int = 42,
-                 device: str | None = None) -> None:
-        self.run_dir = Path(run_dir)
-        self.params = params
-        self.dataset_dir = Path(dataset_dir)
-        self.seed = seed
+    name = "cohyde"
+    title = "CoHyDE"
+    code = ("coevo.methods.base", "coevo.methods.cohyde", "coevo.models", "coevo.train", "coevo.rewards",
+            "coevo.retrieval", "coevo.data.schema", "coevo.data.render", "coevo.io", "coevo.runtime")
+    plan_params = ("cohyde.rounds", "cohyde.early_stopping")
+    table_metrics = ("ndcg@5", "recall@5")
+
+    def __init__(self, run_dir: str | Path, params: Params, dataset_dir: str | Path, *, progress: bool = False,
+                 data_fingerprint: str | None = None, device: str | None = None) -> None:
+        super().__init__(run_dir, params, dataset_dir, progress=progress, data_fingerprint=data_fingerprint)
+        self.cfg: CoHyDEParams = params.cohyde
         self.device = device
-        self._dataset = None
         self._items: dict[str, dict[str, Any]] | None = None
         self._encoders: dict[str, Any] = {}
         self._indexes: dict[str, Any] = {}
         self._loaded_generator: tuple[str, Any] | None = None
 
-    # ------------------------------------------------------------------ data
     @property
-    def dataset(self):
-        if self._dataset is None:
-            from coevo.data.schema import Dataset
+    def early_stopping_params(self):
+        return self.cfg.early_stopping
 
-            self._dataset = Dataset.load(self.dataset_dir)
-        return self._dataset
+    # ---------------------------------------------------------------- phases
+    def phases(self) -> list[Phase]:
+        c = lambda *names: ("seed", *(f"cohyde.{n}" for n in names))  # noqa: E731
+        out = [
+            Phase(RAW, "raw encoder", c(*ENCODER_KNOBS), ("raw", "eval/raw.json")),
+            Phase(S1A, "S1a encoder", c(*S1A_KNOBS), ("s1a", "eval/s1a.json")),
+            Phase("s1b", "S1b rewriter warm-up", c(*REWRITER_KNOBS), ("base_generator", "s1b")),
+            Phase(HYDE, "vanilla HyDE", c("max_new_tokens"), ("eval/hyde.json",), reads=(S1A, "s1b"),
+                  monitored=True),
+        ]
+        round_knobs = c(*(n for n in type(self.cfg).model_fields if n not in NOT_ROUND_KNOBS))
+        for r in range(1, self.cfg.rounds + 1):
+            reads = (S1A, "s1b", HYDE) if r == 1 else (round_stage(r - 1),)
+            out.append(Phase(round_stage(r), f"round {r} (S2-S4 + DPO)", round_knobs,
+                             (round_stage(r), f"eval/{round_stage(r)}.json"), reads=reads, monitored=True,
+                             stoppable=True, resumable=True))
+        return out
+
+    def _run(self, phase: Phase) -> dict[str, Any]:
+        if phase.name == S1A:
+            self.s1a()
+        elif phase.name == "s1b":
+            return self.s1b()
+        elif phase.name.startswith("round_"):
+            self.round(int(phase.name[6:]))
+        overall = self.evaluate(phase.name)["splits"][MONITOR_SPLIT]["overall"]
+        return {"stage": phase.name, "eval": {k: float(v) for k, v in overall.items()}}
 
     @property
     def items(self) -> dict[str, dict[str, Any]]:
@@ -123,7 +156,7 @@ class CoHyDERun:
         if len(queries) < 2:
             raise ValueError(f"{self.dataset_dir}: CoHyDE needs at least 2 training queries with relevant tools, "
                              f"found {len(queries)}")
-        cap = self.params.max_train_queries
+        cap = self.cfg.max_train_queries
         if cap is not None and len(queries) > cap:
             # A seeded subset that keeps the query order (the cap is for CPU-sized runs).
             keep = sorted(random.Random(self.seed).sample(range(len(queries)), cap))
@@ -159,7 +192,7 @@ class CoHyDERun:
         if stage not in self._encoders:
             from coevo.models.encoder import load_text_encoder
 
-            name = self.params.encoder if stage == RAW else str(self._encoder_dir(stage))
+            name = self.cfg.encoder if stage == RAW else str(self._encoder_dir(stage))
             self._encoders = {stage: load_text_encoder(name, device=self.device)}  # keep one in memory
         return self._encoders[stage]
 
@@ -170,14 +203,14 @@ class CoHyDERun:
         if stage in self._indexes:
             return self._indexes[stage]
         path = self._stage_dir(stage) / "index"
-        encoder_id = f"cohyde:{stage}:{self.params.index_format}"
+        encoder_id = f"cohyde:{stage}:{self.cfg.index_format}"
         index = DenseIndex.load(path) if (path / "manifest.json").exists() else None
         if index is None or index.encoder != encoder_id or index.ids != list(self.items):
             # Missing, or built from another rendering or corpus: rebuild it.
             from coevo.rewards.cohyde import encode_texts
 
             ids = list(self.items)
-            texts = [self._render(i, self.params.index_format) for i in ids]
+            texts = [self._render(i, self.cfg.index_format) for i in ids]
             log.info("indexing %d tools with the %s encoder", len(ids), stage)
             emb = encode_texts(self._encoder(stage), texts, progress=len(texts) > 256)
             index = DenseIndex.build(ids, emb, encoder=encoder_id)
@@ -193,7 +226,7 @@ class CoHyDERun:
             return Generator.load(path)
         corpus = [self._render(i, fmt) for i in self.items for fmt in FORMATS]
         corpus += [q["text"] for q in self.train_queries()]
-        generator = Generator.create(self.params.generator, lora=self.params.lora, seed=self.seed, corpus=corpus)
+        generator = Generator.create(self.cfg.generator, lora=self.cfg.lora, seed=self.seed, corpus=corpus)
         generator.save(path)
         return generator
 
@@ -208,10 +241,9 @@ class CoHyDERun:
         return self._loaded_generator[1]
 
     def _set_threads(self) -> None:
-        import torch
+        from coevo.runtime import limit_cpu_threads
 
-        if not torch.cuda.is_available():
-            torch.set_num_threads(1)  # shared CPUs; the models here are small
+        limit_cpu_threads()
 
     # ---------------------------------------------------------------- phases
     def s1a(self) -> dict[str, Any]:
@@ -225,7 +257,7 @@ class CoHyDERun:
         queries = self.train_queries()
         pairs = self._pairs([(q["text"], q["relevant"]) for q in queries], salt=1)
         encoder = self._encoder(RAW)
-        stats = train_encoder(encoder, pairs, self.params.encoder_training, self._encoder_dir(S1A), self.seed)
+        stats = train_encoder(encoder, pairs, self.cfg.encoder_training, self._encoder_dir(S1A), self.seed)
         self._encoders = {}
         index = self._index(S1A)
         result = {"stage": S1A, "train_queries": len(queries), "encoder": stats,
@@ -244,25 +276,25 @@ class CoHyDERun:
         generator = self._generator("base")
         self._loaded_generator = None  # trained in place below: no longer the base rewriter
         rng = random.Random(self.seed * 1000 + 2)
-        per_item = self.params.warmup_formats_per_item
+        per_item = self.cfg.warmup_formats_per_item
         texts = [self._render(item_id, fmt) for item_id in self.items
                  for fmt in (FORMATS if per_item == len(FORMATS) else rng.sample(FORMATS, per_item))]
-        cap = self.params.warmup_max_examples
+        cap = self.cfg.warmup_max_examples
         if cap is not None and len(texts) > cap:
             texts = [texts[i] for i in sorted(rng.sample(range(len(texts)), cap))]
         with tempfile.TemporaryDirectory(prefix="coevo-sft-") as scratch:
-            stats = train_sft(generator, [{"text": t} for t in texts], self.params.warmup, scratch, self.seed,
+            stats = train_sft(generator, [{"text": t} for t in texts], self.cfg.warmup, scratch, self.seed,
                               max_length=WARMUP_MAX_TOKENS)
         generator.save(self._generator_dir("s1b"))
         self._loaded_generator = ("s1b", generator)
-        result = {"stage": "s1b", "examples": len(texts), "sft": _jsonable(stats)}
+        result = {"stage": "s1b", "examples": len(texts), "sft": jsonable(stats)}
         write_json(marker, result)
         return result
 
     def describe(self, generator, queries: Sequence[Mapping[str, Any]], *, what: str) -> list[str]:
         """One greedy description per query (S2 and evaluation)."""
         outs = generator.generate([rewriter_messages(q["text"]) for q in queries], num_return_sequences=1,
-                                  temperature=0.0, max_new_tokens=self.params.max_new_tokens,
+                                  temperature=0.0, max_new_tokens=self.cfg.max_new_tokens,
                                   seed=self.seed, description=what)
         return [o[0] for o in outs]
 
@@ -271,11 +303,7 @@ class CoHyDERun:
         if r < 1:
             raise ValueError(f"rounds are numbered from 1, got {r}")
         if r == 1:
-            self.s1a()
-            self.s1b()
             return round_stage(1), "s1b", S1A
-        if not (self._stage_dir(round_stage(r - 1)) / "done.json").exists():
-            self.round(r - 1)
         prev = round_stage(r - 1)
         return round_stage(r), prev, prev
 
@@ -309,7 +337,7 @@ class CoHyDERun:
             raise ValueError(f"{stage} S3: only {len(pairs)} (description, tool) pairs; the rewriter produced "
                              "empty descriptions for almost every query")
         encoder = self._encoder(prev_enc)
-        stats = train_encoder(encoder, pairs, self.params.encoder_training, self._encoder_dir(stage), self.seed + r)
+        stats = train_encoder(encoder, pairs, self.cfg.encoder_training, self._encoder_dir(stage), self.seed + r)
         self._encoders, self._indexes = {}, {}
         result = {"encoder": stats, "index": self._index(stage).manifest(),
                   "empty_descriptions": len(descriptions) - len(anchors)}
@@ -325,8 +353,8 @@ class CoHyDERun:
         self._set_threads()
         queries = self.train_queries()
         samples = self._generator(prev_gen).generate(
-            [rewriter_messages(q["text"]) for q in queries], num_return_sequences=self.params.num_samples,
-            temperature=self.params.sample_temperature, top_p=1.0, max_new_tokens=self.params.max_new_tokens,
+            [rewriter_messages(q["text"]) for q in queries], num_return_sequences=self.cfg.num_samples,
+            temperature=self.cfg.sample_temperature, top_p=1.0, max_new_tokens=self.cfg.max_new_tokens,
             seed=self.seed + r, description=f"{stage} S4 sampling")
         write_json(path, {"query_ids": [q["query_id"] for q in queries], "samples": samples})
         return samples
@@ -367,7 +395,7 @@ class CoHyDERun:
         if pairs:
             from coevo.train.dpo import train_dpo
 
-            stats = train_dpo(generator, pairs, self.params.dpo, self.params.dpo_beta, out, self.seed + r)
+            stats = train_dpo(generator, pairs, self.cfg.dpo, self.cfg.dpo_beta, out, self.seed + r)
         else:
             # Every query tied: no preference signal, the rewriter carries over unchanged.
             generator.save(out)
@@ -392,11 +420,12 @@ class CoHyDERun:
         return result
 
     # ------------------------------------------------------------ evaluation
-    def evaluate(self, stage: str) -> dict[str, Any]:
-        """NDCG@5 / Recall@5 per group and overall on the val and test splits for ``stage``."""
+    def evaluate(self, stage: str, splits: Sequence[str] = (MONITOR_SPLIT,), store: bool = True) -> dict[str, Any]:
+        """NDCG@5 / Recall@5 per group and overall on ``splits`` for ``stage`` (stored for val)."""
         path = self.run_dir / "eval" / f"{stage}.json"
-        if path.exists():
+        if store and path.exists():
             return read_json(path)
+        self.require_val()
         if stage == RAW:
             encoder_stage, generator_stage = RAW, None
         elif stage == S1A:
@@ -416,10 +445,10 @@ class CoHyDERun:
         generator = self._generator(generator_stage) if generator_stage else None
         encoder, index = self._encoder(encoder_stage), self._index(encoder_stage)
         result: dict[str, Any] = {"stage": stage, "splits": {}, "examples": {}}
-        for split in EVAL_SPLITS:
+        for split in splits:
             queries = self._queries(split)
             if not queries:
-                continue
+                raise ValueError(f"{self.dataset_dir}: no {split} query has a relevant tool; nothing to evaluate")
             if generator is not None:
                 texts = self.describe(generator, queries, what=f"{stage} eval {split}")
                 result["examples"][split] = [{"query": q["text"], "description": d}
@@ -428,45 +457,56 @@ class CoHyDERun:
                 texts = [q["text"] for q in queries]
             rankings = index.rank_corpus(encode_texts(encoder, texts), max(METRIC_KS))
             result["splits"][split] = grouped_metrics(queries, rankings)
-        if not result["splits"]:
-            raise ValueError(f"{self.dataset_dir}: no val or test queries with relevant tools to evaluate on")
-        write_json(path, result)
+        if store:
+            write_json(path, result)
         return result
 
-    def monitor_split(self) -> str:
-        return "val" if self._queries("val") else "test"
+    def final_evaluation(self, split: str) -> dict[str, Any]:
+        """Raw, S1a, vanilla HyDE and the round chosen on val, evaluated once on ``split``."""
+        best = self.best_phase()
+        rows = []
+        for stage in dict.fromkeys((RAW, S1A, HYDE, best)):
+            groups = self.evaluate(stage, splits=[split], store=False)["splits"][split]
+            label = f"best round {best}" if stage == best and stage != HYDE else stage
+            rows.append({"label": label, "phase": stage, "split": split, **groups["overall"],
+                         "n_queries": groups["overall"]["n"], "groups": groups})
+        return {"split": split, "best_phase": best, "rows": rows}
 
-    # -------------------------------------------------------------- pipeline
-    def run(self) -> list[dict[str, Any]]:
-        """All phases and evaluations, rounds with early stopping; returns :meth:`history`."""
-        for stage in (RAW, S1A):
-            self.evaluate(stage)
-        self.s1b()
-        self.evaluate(HYDE)
-        state_path = self.run_dir / "state.json"
-        saved = read_json(state_path) if state_path.exists() else {}
-        metric = self.params.early_stopping.metric
-        split = self.monitor_split()
-        # Rounds must beat the system they start from: vanilla HyDE on the S1a encoder.
-        best = self.evaluate(HYDE)["splits"][split]["overall"][metric]
-        stale = 0
-        state: dict[str, Any] = {"monitor": f"{split}/{metric}", "rounds_done": 0, "best": best, "stale": 0,
-                                 "stopped_after": None}
-        for r in range(1, self.params.rounds + 1):
-            self.round(r)
-            value = self.evaluate(round_stage(r))["splits"][split]["overall"][metric]
-            if value > best + self.params.early_stopping.min_delta:
-                best, stale = value, 0
-            else:
-                stale += 1
-            state.update(rounds_done=r, best=best, stale=stale)
-            if stale >= self.params.early_stopping.patience and r < self.params.rounds:
-                state["stopped_after"] = r
-                log.info("early stopping after round %d: %s has not improved for %d rounds", r, metric, stale)
-                break
-        if state != saved:  # a finished run re-run rewrites nothing
-            write_json(state_path, state)
-        return self.history()
+    def write_reports(self, metrics_file: Path, plots_csv: Path, report_dir: Path, final: Mapping[str, Any],
+                      baselines: Mapping[str, Any]) -> list[str]:
+        """metrics.json (per stage, split and group), per-stage CSV, NDCG@5 plot per group, examples."""
+        from coevo import report
+
+        history = self.history()
+        stages = list(dict.fromkeys(r["stage"] for r in history))
+        metrics: dict[str, Any] = {}
+        for r in history:
+            metrics.setdefault(r["split"], {}).setdefault(r["group"], {})[r["stage"]] = {
+                "ndcg@5": r["ndcg@5"], "recall@5": r["recall@5"]}
+        metrics[final["split"]] = {row["label"]: row for row in final["rows"]}
+        metrics["best_phase"] = final["best_phase"]
+        metrics["baselines"] = dict(baselines)
+        write_json(metrics_file, metrics)
+        report.write_csv([{"step": stages.index(r["stage"]), **r} for r in history], plots_csv)
+        groups = sorted({r["group"] for r in history})
+        series = {g: [next((r["ndcg@5"] for r in history if r["group"] == g and r["stage"] == s), float("nan"))
+                      for s in stages] for g in groups}
+        report.plot_series(list(range(len(stages))), series, report_dir / "ndcg5_per_group.png",
+                           xlabel="stage (" + ", ".join(stages) + ")", ylabel=f"{MONITOR_SPLIT} NDCG@5",
+                           title="CoHyDE: NDCG@5 per group and stage")
+        examples = {s: read_json(self.run_dir / "eval" / f"{s}.json").get("examples", {}) for s in stages}
+        write_json(report_dir / "examples.json", examples)
+        return sorted(str(p) for p in report_dir.iterdir() if p.is_file()) + [str(metrics_file), str(plots_csv)]
+
+    def tracking_series(self) -> list[tuple[int, dict[str, float]]]:
+        """Per stage (step): val metrics per group, the overall ones as eval/*, pair-mining figures."""
+        out = []
+        for step, stage in enumerate(self.stages_done()):
+            flat = self.flat_metrics(stage)
+            flat.update({f"eval/{k.rsplit('/', 1)[1]}": v for k, v in flat.items()
+                         if k.startswith(f"eval/{MONITOR_SPLIT}/overall/")})
+            out.append((step, flat))
+        return out
 
     def flat_metrics(self, stage: str) -> dict[str, float]:
         """A finished stage as stable metric names for trackers: ``eval/<split>/<group>/ndcg@5``,
@@ -488,7 +528,7 @@ class CoHyDERun:
         return out
 
     def stages_done(self) -> list[str]:
-        order = [RAW, S1A, HYDE] + [round_stage(r) for r in range(1, self.params.rounds + 1)]
+        order = [RAW, S1A, HYDE] + [round_stage(r) for r in range(1, self.cfg.rounds + 1)]
         return [s for s in order if (self.run_dir / "eval" / f"{s}.json").exists()]
 
     def history(self) -> list[dict[str, Any]]:
@@ -523,15 +563,3 @@ def grouped_metrics(queries: Sequence[Mapping[str, Any]], rankings: Sequence[Seq
         metrics = ranked_metrics(run, qrels, ks=METRIC_KS)
         out[name] = {"ndcg@5": float(metrics["ndcg@5"]), "recall@5": float(metrics["recall@5"]), "n": len(members)}
     return out
-
-
-def _jsonable(stats: Any) -> Any:
-    if isinstance(stats, Mapping):
-        return {str(k): _jsonable(v) for k, v in stats.items()}
-    if isinstance(stats, (list, tuple)):
-        return [_jsonable(v) for v in stats]
-    if isinstance(stats, (np.floating, np.integer)):
-        return stats.item()
-    if isinstance(stats, (str, int, float, bool)) or stats is None:
-        return stats
-    return str(stats)

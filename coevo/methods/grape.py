@@ -10,25 +10,25 @@ Score-inflation monitor: every evaluation records both ``mean_relevant_similarit
 cosine of the query with its relevant items) and ``recall@1``. A rewriter that learns to
 raise every similarity at once shows the first curve rising while the second does not.
 
-Phases over one run directory, each idempotent (a finished phase returns its stored
-result, so a crashed run resumes and an orchestrator can wrap each phase in a task):
+Phases over one run directory (:class:`coevo.methods.base.Method` decides what re-runs):
 
-- ``build_index()``     embed the corpus once with the frozen retriever; faiss index artifact
-- ``evaluate(stage)``   Recall@1/5/10, MRR@10, full MRR, NDCG@10 and the monitor pair on
-                        the val and test splits; stages ``raw`` (the query as typed),
-                        ``untrained`` (the base rewriter), ``trained``
-- ``train()``           GRPO for ``grape.grpo.steps`` steps; every ``eval_every`` steps the
-                        monitor evaluates the current rewriter on the val split
-- ``run()``             all of the above; ``history()`` the monitor curve
+- ``index``       embed the corpus once with the frozen retriever; faiss index artifact
+- ``raw``, ``untrained``  Recall@1/5/10, MRR@10, full MRR, NDCG@10 and the monitor pair on
+                  the val split for the query as typed and for the base rewriter
+- ``train``       GRPO for ``grape.grpo.steps`` steps; every ``eval_every`` steps the
+                  monitor evaluates the current rewriter on the val split
+- ``trained``     the trained rewriter on the val split
+The test split is read once, by :meth:`Grape.final_evaluation`.
 
 Layout of ``run_dir``::
 
+    stamps/<phase>.json         each finished phase's key and record (coevo.steps)
     index/                      DenseIndex of the corpus (faiss + ids + manifest)
     base_generator/             the untrained rewriter (the start of training)
     generator/                  the trained rewriter
-    train/                      TRL output folder; train/summary.json when done
-    eval/<stage>.json           metrics per split (+ example rewrites)
-    metrics.json                raw / untrained / trained table (written by run())
+    train/                      TRL output folder
+    monitor/step_<n>.json       monitor evaluations during training
+    eval/<stage>.json           val metrics (+ example rewrites)
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ import numpy as np
 
 from coevo.config import GrapeParams, Params
 from coevo.io import read_json, write_json
+from coevo.methods.base import MONITOR_SPLIT, Method, Phase
 from coevo.retrieval.dense import FrozenRetriever
 
 log = logging.getLogger(__name__)
 
 RAW, UNTRAINED, TRAINED = "raw", "untrained", "trained"
-EVAL_SPLITS: tuple[str, ...] = ("val", "test")
 EVAL_KS: tuple[int, ...] = (1, 5, 10)
 N_EXAMPLES = 8  # example rewrites stored with each evaluation
 
@@ -87,32 +87,48 @@ def make_retriever(params: GrapeParams, device: str | None = None, seed: int = 0
     return ClipRetriever(params.clip_model, pretrained=params.clip_pretrained, device=device, seed=seed)
 
 
-class GrapeRun:
+RETRIEVER_KNOBS = ("retriever", "text_encoder", "clip_model", "clip_pretrained")
+REWRITER_KNOBS = ("generator", "lora", "sampling", "reasoning", "max_reasoning_tokens")
+
+
+class Grape(Method):
     """One GRAPE run: phases over ``run_dir`` on the processed dataset in ``dataset_dir``."""
 
-    def __init__(self, run_dir: str | Path, params: Params | GrapeParams, dataset_dir: str | Path,
-                 seed: int | None = None, device: str | None = None,
+    name = "grape"
+    title = "GRAPE"
+    code = ("coevo.methods.base", "coevo.methods.grape", "coevo.models", "coevo.train", "coevo.rewards",
+            "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime")
+    table_metrics = ("recall@1", "recall@10", "mrr")
+
+    def __init__(self, run_dir: str | Path, params: Params, dataset_dir: str | Path, *, progress: bool = False,
+                 data_fingerprint: str | None = None, device: str | None = None,
                  retriever: FrozenRetriever | None = None) -> None:
-        if isinstance(params, Params):
-            seed = params.seed if seed is None else seed
-            params = params.grape
-        self.run_dir = Path(run_dir)
-        self.params: GrapeParams = params
-        self.dataset_dir = Path(dataset_dir)
-        self.seed = 42 if seed is None else seed
+        super().__init__(run_dir, params, dataset_dir, progress=progress, data_fingerprint=data_fingerprint)
+        self.cfg: GrapeParams = params.grape
         self.device = device
         self._retriever = retriever  # injectable (tests, a pre-loaded model)
-        self._dataset = None
         self._generator = None  # the rewriter being trained, while train() runs
 
-    # ------------------------------------------------------------------ data
-    @property
-    def dataset(self):
-        if self._dataset is None:
-            from coevo.data.schema import Dataset
+    # ---------------------------------------------------------------- phases
+    def phases(self) -> list[Phase]:
+        g = lambda *names: ("seed", *(f"grape.{n}" for n in names))  # noqa: E731
+        return [
+            Phase("index", "corpus index (frozen retriever)", g(*RETRIEVER_KNOBS), ("index",)),
+            Phase(RAW, "raw queries", (), ("eval/raw.json",), reads=("index",)),
+            Phase(UNTRAINED, "untrained rewriter", g(*REWRITER_KNOBS), ("base_generator", "eval/untrained.json"),
+                  reads=("index",)),
+            Phase("train", f"GRPO ({self.cfg.grpo.steps} steps, {self.cfg.reward} reward)",
+                  g(*type(self.cfg).model_fields), ("train", "generator", "monitor"), reads=(UNTRAINED,)),
+            Phase(TRAINED, "trained rewriter", (), ("eval/trained.json",), reads=("train",)),
+        ]
 
-            self._dataset = Dataset.load(self.dataset_dir)
-        return self._dataset
+    def _run(self, phase: Phase) -> dict[str, Any]:
+        if phase.name == "index":
+            return self.build_index()
+        if phase.name == "train":
+            return self.train()
+        result = self.evaluate(phase.name)
+        return {"stage": phase.name, "step": result["step"], "eval": _numbers(result["splits"][MONITOR_SPLIT])}
 
     def queries(self, split: str) -> list[dict[str, Any]]:
         """Queries of ``split`` with at least one relevant item: {query_id, text, relevant}."""
@@ -124,11 +140,6 @@ class GrapeRun:
                 out.append({"query_id": qid, "text": str(row["text"]), "relevant": relevant[qid]})
         return out
 
-    def eval_splits(self) -> list[str]:
-        splits = [s for s in EVAL_SPLITS if self.queries(s)]
-        if not splits:
-            raise ValueError(f"{self.dataset_dir}: no val or test query has a relevant item; nothing to evaluate")
-        return splits
 
     # ------------------------------------------------------------- artifacts
     @property
@@ -144,13 +155,14 @@ class GrapeRun:
         return self.run_dir / "generator"
 
     def eval_path(self, stage: str) -> Path:
-        return self.run_dir / "eval" / f"{stage}.json"
+        folder = "monitor" if stage.startswith("step_") else "eval"
+        return self.run_dir / folder / f"{stage}.json"
 
     # ------------------------------------------------------------- retriever
     @property
     def retriever(self) -> FrozenRetriever:
         if self._retriever is None:
-            self._retriever = make_retriever(self.params, self.device, self.seed)
+            self._retriever = make_retriever(self.cfg, self.device, self.seed)
         if self._retriever.index is None:
             self.build_index()
         return self._retriever
@@ -160,7 +172,7 @@ class GrapeRun:
         from coevo.retrieval.dense import DenseIndex
 
         if self._retriever is None:
-            self._retriever = make_retriever(self.params, self.device, self.seed)
+            self._retriever = make_retriever(self.cfg, self.device, self.seed)
         retriever = self._retriever
         if (self.index_dir / "manifest.json").exists():
             retriever.attach(DenseIndex.load(self.index_dir))
@@ -177,7 +189,7 @@ class GrapeRun:
         items = self.dataset.items
         texts = [self.dataset.item_text(i) for i in items["item_id"]]
         return texts + [q["text"] for q in self.queries("train")] + [
-            m["content"] for m in rewrite_messages("x", self.params.retriever, self.params.reasoning)]
+            m["content"] for m in rewrite_messages("x", self.cfg.retriever, self.cfg.reasoning)]
 
     def base_generator(self):
         """The untrained rewriter, saved once so the untrained stage and training share it."""
@@ -185,7 +197,7 @@ class GrapeRun:
 
         if (self.base_generator_dir / "generator.json").exists():
             return Generator.load(self.base_generator_dir)
-        generator = Generator.create(self.params.generator, lora=self.params.lora, seed=self.seed,
+        generator = Generator.create(self.cfg.generator, lora=self.cfg.lora, seed=self.seed,
                                      corpus=self._corpus_text())
         generator.save(self.base_generator_dir)
         return generator
@@ -197,20 +209,20 @@ class GrapeRun:
         if tokenizer is not None:
             def count(text: str) -> int:
                 return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        return RewriteParser(self.params.reasoning, self.params.max_reasoning_tokens, count)
+        return RewriteParser(self.cfg.reasoning, self.cfg.max_reasoning_tokens, count)
 
     def completion_budget(self, base: int) -> int:
         """New tokens for a rewrite; the capped reasoning section gets its own budget on top."""
-        return base + (self.params.max_reasoning_tokens + 8 if self.params.reasoning else 0)
+        return base + (self.cfg.max_reasoning_tokens + 8 if self.cfg.reasoning else 0)
 
     def _prompt(self, query: str) -> list[dict[str, str]]:
-        return rewrite_messages(query, self.params.retriever, self.params.reasoning, self.params.max_reasoning_tokens)
+        return rewrite_messages(query, self.cfg.retriever, self.cfg.reasoning, self.cfg.max_reasoning_tokens)
 
     def rewrite(self, generator: Any, texts: Sequence[str]) -> tuple[list[str], list[str | None]]:
         """Greedy rewrites: (raw completions, parsed rewrites or None when malformed)."""
         completions = [c[0] for c in generator.generate(
             [self._prompt(t) for t in texts], temperature=0.0,
-            max_new_tokens=self.completion_budget(self.params.sampling.max_new_tokens),
+            max_new_tokens=self.completion_budget(self.cfg.sampling.max_new_tokens),
             progress=len(texts) > 32, description="rewriting")]
         parser = self.parser(generator.tokenizer)
         return completions, [parser(c) for c in completions]
@@ -249,16 +261,17 @@ class GrapeRun:
             "n_queries": len(queries),
         }
 
-    def evaluate(self, stage: str, *, splits: Sequence[str] | None = None, generator: Any = None,
-                 step: int | None = None) -> dict[str, Any]:
+    def evaluate(self, stage: str, *, splits: Sequence[str] = (MONITOR_SPLIT,), generator: Any = None,
+                 step: int | None = None, store: bool = True) -> dict[str, Any]:
         """Evaluate ``raw``, ``untrained``, ``trained`` (or a mid-training ``step_<n>`` with
-        the given generator); stored in eval/<stage>.json and returned as is on a re-run."""
+        the given generator) on ``splits``; stored in eval/<stage>.json (monitor/ for steps)."""
         path = self.eval_path(stage)
-        if path.exists():
+        if store and path.exists():
             return read_json(path)
-        splits = list(splits or self.eval_splits())
+        self.require_val()
+        splits = list(splits)
         if step is None:
-            step = {UNTRAINED: 0, TRAINED: self.params.grpo.steps}.get(stage)
+            step = {UNTRAINED: 0, TRAINED: self.cfg.grpo.steps}.get(stage)
         if stage != RAW and generator is None:
             from coevo.models.generator import Generator
 
@@ -271,7 +284,7 @@ class GrapeRun:
             else:
                 raise ValueError(f"unknown GRAPE stage {stage!r} (expected raw, untrained or trained)")
         self._set_threads()
-        result: dict[str, Any] = {"stage": stage, "step": step, "reward": self.params.reward, "splits": {}}
+        result: dict[str, Any] = {"stage": stage, "step": step, "reward": self.cfg.reward, "splits": {}}
         for split in splits:
             queries = self.queries(split)
             texts = [q["text"] for q in queries]
@@ -283,10 +296,48 @@ class GrapeRun:
             metrics["examples"] = [{"query": t, "completion": c, "rewrite": r}
                                    for t, c, r in list(zip(texts, completions, rewrites))[:N_EXAMPLES]]
             result["splits"][split] = metrics
+            if not queries:
+                raise ValueError(f"{self.dataset_dir}: no {split} query has a relevant item; nothing to evaluate")
             log.info("GRAPE %s %s: recall@1=%.3f recall@10=%.3f mean_sim=%.3f", stage, split,
                      metrics["recall@1"], metrics["recall@10"], metrics["mean_relevant_similarity"])
-        write_json(path, result)
+        if store:
+            write_json(path, result)
         return result
+
+    def final_evaluation(self, split: str) -> dict[str, Any]:
+        """Raw queries, the untrained and the trained rewriter, evaluated once on ``split``."""
+        rows = []
+        for stage in (RAW, UNTRAINED, TRAINED):
+            metrics = self.evaluate(stage, splits=[split], store=False)["splits"][split]
+            rows.append({"label": stage, "phase": stage, "split": split, **_numbers(metrics)})
+        return {"split": split, "best_phase": TRAINED, "rows": rows}
+
+    def write_reports(self, metrics_file: Path, plots_csv: Path, report_dir: Path, final: Mapping[str, Any],
+                      baselines: Mapping[str, Any]) -> list[str]:
+        """metrics.json (val rows, the final split's rows), the monitor CSV and plot, examples."""
+        from coevo import report
+
+        table = self.table()
+        history = self.history()
+        write_json(metrics_file, {"reward": self.cfg.reward, MONITOR_SPLIT: table,
+                                  final["split"]: {r["label"]: r for r in final["rows"]}, "baselines": baselines})
+        report.write_csv(history, plots_csv)
+        if history:
+            report.plot_series(
+                [r["step"] for r in history],
+                {"recall@1": [r["recall@1"] for r in history],
+                 "mean relevant similarity": [r["mean_relevant_similarity"] for r in history]},
+                report_dir / "monitor.png", xlabel="GRPO step", ylabel="recall@1",
+                title=f"score-inflation monitor ({self.cfg.reward} reward)", secondary=["mean relevant similarity"],
+            )
+        examples = {stage: read_json(self.eval_path(stage))["splits"][MONITOR_SPLIT].get("examples", [])
+                    for stage in table}
+        write_json(report_dir / "examples.json", examples)
+        return sorted(str(p) for p in report_dir.iterdir() if p.is_file()) + [str(metrics_file), str(plots_csv)]
+
+    def tracking_series(self) -> list[tuple[int, dict[str, float]]]:
+        """The monitor curve by GRPO step (val): Recall@1 next to mean relevant similarity."""
+        return [(r["step"], {f"monitor/{k}": v for k, v in r.items() if isinstance(v, float)}) for r in self.history()]
 
     # ---------------------------------------------------------------- training
     def train_prompts(self) -> list[dict[str, Any]]:
@@ -300,36 +351,29 @@ class GrapeRun:
         from coevo.rewards.grape import make_reward
 
         qrels = {q["query_id"]: list(q["relevant"]) for q in self.queries("train")}
-        reward = make_reward(self.params.reward, self.retriever, qrels, self.parser(tokenizer))
+        reward = make_reward(self.cfg.reward, self.retriever, qrels, self.parser(tokenizer))
 
         def grape_reward(completions: list[str], query_id: list[str]) -> list[float]:
             return reward(query_id, completions)
 
-        grape_reward.__name__ = f"{self.params.reward}_reward"
+        grape_reward.__name__ = f"{self.cfg.reward}_reward"
         return grape_reward
 
     def train(self) -> dict[str, Any]:
         """GRPO on the rewriter; monitor evaluations every ``eval_every`` steps (val split)."""
         from coevo.train.grpo import train_grpo
 
-        summary_path = self.run_dir / "train" / "summary.json"
-        if summary_path.exists() and (self.generator_dir / "generator.json").exists():
-            return read_json(summary_path)
-        # Monitor evaluations left by an interrupted run belong to a model that no longer exists.
-        for stale in (self.run_dir / "eval").glob("step_*.json"):
-            stale.unlink()
         generator = self.base_generator()
-        monitor_split = self.eval_splits()[0]
-        grpo = self.params.grpo.model_copy(
-            update={"max_completion_length": self.completion_budget(self.params.grpo.max_completion_length)})
+        monitor_split = MONITOR_SPLIT
+        grpo = self.cfg.grpo.model_copy(
+            update={"max_completion_length": self.completion_budget(self.cfg.grpo.max_completion_length)})
         summary = train_grpo(
             generator, self.train_prompts(), self.reward_fn(generator.tokenizer), grpo,
-            self.run_dir / "train", self.seed, max_steps=self.params.grpo.steps,
-            temperature=self.params.sampling.temperature, top_p=self.params.sampling.top_p,
+            self.run_dir / "train", self.seed, max_steps=self.cfg.grpo.steps,
+            temperature=self.cfg.sampling.temperature, top_p=self.cfg.sampling.top_p,
             callbacks=[self._monitor_callback(generator, monitor_split)],
         )
         generator.save(self.generator_dir)
-        write_json(summary_path, summary)
         return summary
 
     def _monitor_callback(self, generator: Any, split: str):
@@ -342,7 +386,7 @@ class GrapeRun:
 
             def on_step_end(self, args, state, control, model=None, **kwargs):  # noqa: ARG002
                 step = int(state.global_step)
-                if step % run.params.eval_every == 0 and step < run.params.grpo.steps:
+                if step % run.cfg.eval_every == 0 and step < run.cfg.grpo.steps:
                     if model is not None:
                         generator.model = model
                     run.evaluate(f"step_{step}", splits=[split], generator=generator, step=step)
@@ -351,42 +395,22 @@ class GrapeRun:
         return InflationMonitor()
 
     def _set_threads(self) -> None:
-        import torch
+        from coevo.runtime import limit_cpu_threads
 
-        if not torch.cuda.is_available():
-            torch.set_num_threads(1)  # shared CPUs; the models here are small
-
-    # ---------------------------------------------------------------- pipeline
-    def run(self) -> dict[str, Any]:
-        """build_index -> evaluate raw / untrained -> train -> evaluate trained; metrics.json."""
-        self.build_index()
-        for stage in (RAW, UNTRAINED):
-            self.evaluate(stage)
-        train_summary = self.train()
-        self.evaluate(TRAINED)
-        table = self.table()
-        write_json(self.run_dir / "metrics.json", {"reward": self.params.reward, "stages": table,
-                                                   "train": train_summary, "monitor": self.history()})
-        return table
+        limit_cpu_threads()
 
     def table(self) -> dict[str, dict[str, dict[str, float]]]:
-        """{stage: {split: {metric: value}}} for raw / untrained / trained (examples dropped)."""
-        out: dict[str, dict[str, dict[str, float]]] = {}
-        for stage in (RAW, UNTRAINED, TRAINED):
-            if self.eval_path(stage).exists():
-                splits = read_json(self.eval_path(stage))["splits"]
-                out[stage] = {s: {k: v for k, v in m.items() if k != "examples"} for s, m in splits.items()}
-        return out
+        """{stage: {metric: value}} on the val split for raw / untrained / trained."""
+        return {stage: _numbers(read_json(self.eval_path(stage))["splits"][MONITOR_SPLIT])
+                for stage in (RAW, UNTRAINED, TRAINED) if self.eval_path(stage).exists()}
 
     def history(self) -> list[dict[str, Any]]:
         """The monitor curve: one row per evaluation of the rewriter on the monitored split,
         by training step (untrained = step 0, trained = the last step)."""
-        folder = self.run_dir / "eval"
-        if not folder.exists():
-            return []
-        split = self.eval_splits()[0]
+        split = MONITOR_SPLIT
         rows = []
-        for path in folder.glob("*.json"):
+        paths = [self.eval_path(s) for s in (UNTRAINED, TRAINED)] + sorted((self.run_dir / "monitor").glob("*.json"))
+        for path in [p for p in paths if p.exists()]:
             record = read_json(path)
             if record.get("step") is None or split not in record["splits"]:
                 continue
@@ -407,3 +431,7 @@ def monitor_shows_inflation(history: Sequence[Mapping[str, Any]], tolerance: flo
     sim_up = last["mean_relevant_similarity"] - first["mean_relevant_similarity"] > tolerance
     recall_flat_or_down = last["recall@1"] - first["recall@1"] <= tolerance
     return bool(sim_up and recall_flat_or_down and not math.isnan(last["recall@1"]))
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -17,6 +17,7 @@ from typing import Any
 from coevo.config import LoraParams
 from coevo.io import atomic_path, write_json
 from coevo.models.registry import TINY, load_causal_lm
+from coevo.runtime import limit_cpu_threads
 
 Prompt = str | list[dict[str, str]]
 META_FILE = "generator.json"
@@ -100,8 +101,6 @@ class Generator:
 
         if not prompts:
             return []
-        from coevo.train.common import limit_cpu_threads
-
         limit_cpu_threads(self.model)
         texts = [self.render(p) for p in prompts]
         lengths = [len(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]

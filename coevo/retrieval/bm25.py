@@ -2,7 +2,9 @@
 
 Each normalised keyword is one token, so a phrase matches only as a whole ("family tree"
 does not match "tree"), exactly like the inverted index. Scores come from bm25s (Lucene's
-BM25 variant, k1=1.5, b=0.75); ties are broken by item id so rankings are reproducible.
+BM25 variant) with the project's one BM25 parameter set, :data:`BM25_K1` = 0.9 and
+:data:`BM25_B` = 0.4 (Lucene/Anserini's defaults, the same as the Lucene BM25 baseline in
+:mod:`coevo.retrieval.lucene`); ties are broken by item id so rankings are reproducible.
 """
 
 from __future__ import annotations
@@ -12,6 +14,11 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from coevo.retrieval.keywords import normalize_keyword
+
+# The one documented BM25 parameter set: Lucene/Anserini defaults, used by the Lucene
+# baseline and by the ranking of CoGR's retrieved sets alike.
+BM25_K1 = 0.9
+BM25_B = 0.4
 
 
 def _token_list(keywords: Iterable[str]) -> list[str]:
@@ -23,7 +30,7 @@ def _token_list(keywords: Iterable[str]) -> list[str]:
 class KeywordBM25:
     """BM25 over each item's keyword set; :meth:`rank` orders candidates for a query."""
 
-    def __init__(self, item_keywords: Mapping[str, Sequence[str]], *, k1: float = 1.5, b: float = 0.75):
+    def __init__(self, item_keywords: Mapping[str, Sequence[str]], *, k1: float = BM25_K1, b: float = BM25_B):
         import bm25s
 
         self.item_ids: tuple[str, ...] = tuple(item_keywords)

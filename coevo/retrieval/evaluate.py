@@ -16,7 +16,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from coevo.retrieval.inverted_index import InvertedIndex, gather_rows
-from coevo.retrieval.metrics import DEFAULT_KS, Qrels, SetMetrics, ranked_metrics, set_metrics_from_counts
+from coevo.retrieval.metrics import (
+    Evaluation,
+    Qrels,
+    SetMetrics,
+    ranked_evaluation,
+    resolve_cutoffs,
+    set_metrics_from_counts,
+)
 
 
 # Item ids mapped to positions per operator.itemgetter call.
@@ -163,38 +170,70 @@ def keyword_set_metrics(
     return set_metrics_from_counts(queries, n_ret, n_tp, n_rel)
 
 
-def evaluate_keyword_retrieval(
+def keyword_retrieval_evaluation(
     query_keywords: Mapping[str, Sequence[str]],
     item_keywords: Mapping[str, Sequence[str]],
     qrels: Qrels,
-    ks: Sequence[int] = DEFAULT_KS,
+    cutoffs: Sequence[int] | None = None,
     *,
+    ks: Sequence[int] | None = None,
     query_ids: Sequence[str] | None = None,
     min_grade: int | None = None,
-) -> dict[str, float]:
-    """CoGR's evaluation: "precision", "recall", "f1" of the retrieved sets, plus
-    "mrr@k", "ndcg@k", "precision@k", "recall@k", "f1@k" of the retrieved set ranked by
-    BM25 over the items' keywords (ties by item id).
+    k1: float | None = None,
+    b: float | None = None,
+) -> Evaluation:
+    """CoGR's evaluation with per-query values: "precision", "recall", "f1" of the
+    retrieved sets, plus "mrr@k", "ndcg@k", "precision@k", "recall@k", "f1@k" of the
+    retrieved set ranked by BM25 over the items' keywords (ties by item id), at each
+    cut-off (default :data:`coevo.retrieval.metrics.DEFAULT_CUTOFFS`; ``ks`` is the older
+    name of ``cutoffs``).
 
     ``query_ids`` defaults to the queries in ``query_keywords``; queries without a
-    relevant item are excluded from the averages (see :mod:`coevo.retrieval.metrics`).
+    relevant item are excluded (see :mod:`coevo.retrieval.metrics`). ``k1``/``b``: the
+    ranking BM25's parameters (default the project's one set, k1=0.9, b=0.4).
     """
-    from coevo.retrieval.bm25 import KeywordBM25
+    from coevo.retrieval.bm25 import BM25_B, BM25_K1, KeywordBM25
 
+    cut = resolve_cutoffs(cutoffs, ks)
     queries = list(query_keywords) if query_ids is None else list(query_ids)
     item_index = InvertedIndex.from_keyword_sets(item_keywords)
     # The qrels are converted once; the set metrics and the choice of ranked queries share it.
     relevance = relevance_matrix(queries, item_index, qrels, min_grade)
-    result = keyword_set_metrics(
+    set_part = keyword_set_metrics(
         query_keywords, item_index, qrels, query_ids=queries, min_grade=min_grade, relevance=relevance
-    ).as_dict()
-    bm25 = KeywordBM25(item_keywords)
-    k_max = max(ks)
+    )
+    bm25 = KeywordBM25(item_keywords, k1=BM25_K1 if k1 is None else k1, b=BM25_B if b is None else b)
+    k_max = max(cut)
     # Only queries that count in the average need a ranking.
     rankings = {
         q: bm25.rank(query_keywords.get(q, ()), candidates=None, k=k_max)
         for q, n_rel in zip(queries, relevance[1].tolist(), strict=True)
         if n_rel > 0
     }
-    result.update(ranked_metrics(rankings, qrels, ks, query_ids=queries, min_grade=min_grade))
-    return result
+    ranked = ranked_evaluation(rankings, qrels, cut, query_ids=queries, min_grade=min_grade)
+    return Evaluation({**set_part.per_query_values(), **ranked.per_query}, ranked.query_ids, ranked.n_without_relevant)
+
+
+def evaluate_keyword_retrieval(
+    query_keywords: Mapping[str, Sequence[str]],
+    item_keywords: Mapping[str, Sequence[str]],
+    qrels: Qrels,
+    ks: Sequence[int] | None = None,
+    *,
+    cutoffs: Sequence[int] | None = None,
+    query_ids: Sequence[str] | None = None,
+    min_grade: int | None = None,
+    per_query: bool = False,
+    k1: float | None = None,
+    b: float | None = None,
+) -> dict[str, float] | Evaluation:
+    """The means of :func:`keyword_retrieval_evaluation` (metric -> macro mean), or, with
+    ``per_query=True``, the :class:`~coevo.retrieval.metrics.Evaluation` itself (per-query
+    values, the query ids and their means)."""
+    if ks is not None and cutoffs is not None:
+        raise TypeError("give cutoffs or ks (its older name), not both")
+    evaluation = keyword_retrieval_evaluation(
+        query_keywords, item_keywords, qrels, cutoffs if cutoffs is not None else ks,
+        query_ids=query_ids, min_grade=min_grade, k1=k1, b=b,
+    )
+    return evaluation if per_query else evaluation.means()

@@ -1,5 +1,11 @@
 """Lucene through pyserini: the BM25 baseline over raw item text, and keyword-index export.
 
+The BM25 baseline indexes each item as one document, ``title + " " + text``, with
+Anserini's ``DefaultEnglishAnalyzer`` (:data:`ANALYZER`: Lucene's standard tokenizer, lower
+case, Lucene's English stopword list removed, Porter stemming), the same analyzer at
+search time, and scores with BM25 at the documented Lucene/Anserini defaults
+:data:`BM25_K1` = 0.9, :data:`BM25_B` = 0.4 unless ``k1``/``b`` are given.
+
 pyserini 1.6 runs Anserini on Java 21. :func:`ensure_java` prepares the process once,
 before anything imports pyserini's JVM bridge:
 
@@ -22,12 +28,27 @@ from pathlib import Path
 from typing import Any
 
 from coevo.io import atomic_path
+from coevo.retrieval.bm25 import BM25_B, BM25_K1
 from coevo.retrieval.keywords import normalize_keyword
 
 _INCUBATOR = "jdk.incubator.vector"
 _lock = threading.Lock()
 _ready = False
 DEFAULT_THREADS = max(1, min(8, os.cpu_count() or 1))
+ANALYZER = (
+    "Anserini DefaultEnglishAnalyzer: Lucene standard tokenizer, lower case, "
+    "Lucene English stopwords removed, Porter stemmer (the same at index and search time)"
+)
+
+
+def check_bm25_params(k1: float, b: float) -> tuple[float, float]:
+    """BM25 needs k1 >= 0 and 0 <= b <= 1; the error names the bad one."""
+    k1, b = float(k1), float(b)
+    if not k1 >= 0:
+        raise ValueError(f"BM25 k1 must be >= 0, got {k1}")
+    if not 0 <= b <= 1:
+        raise ValueError(f"BM25 b must lie in [0, 1], got {b}")
+    return k1, b
 
 
 def ensure_java() -> None:
@@ -139,15 +160,23 @@ def _batch_search(searcher: Any, queries: Mapping[str, str], k: int, threads: in
 
 
 def search(
-    index_dir: str | os.PathLike, queries: Mapping[str, str], k: int = 1000, *, threads: int = DEFAULT_THREADS
+    index_dir: str | os.PathLike,
+    queries: Mapping[str, str],
+    k: int = 1000,
+    *,
+    threads: int = DEFAULT_THREADS,
+    k1: float = BM25_K1,
+    b: float = BM25_B,
 ) -> dict[str, list[str]]:
-    """BM25 (Lucene defaults k1=0.9, b=0.4) top-k doc ids per query, best first."""
+    """BM25 top-k doc ids per query, best first (default k1=0.9, b=0.4; :data:`ANALYZER`)."""
+    k1, b = check_bm25_params(k1, b)
     path = _check_index(index_dir)
     ensure_java()
     from pyserini.search.lucene import LuceneSearcher
 
     searcher = LuceneSearcher(str(path))
     try:
+        searcher.set_bm25(k1, b)
         return _batch_search(searcher, queries, k, threads)
     finally:
         searcher.close()
@@ -175,43 +204,75 @@ def search_keywords(
         searcher.close()
 
 
+def item_documents(dataset: Any) -> Iterable[tuple[str, str]]:
+    """``(item_id, title + " " + text)`` per item: what the BM25 baseline indexes (a null
+    or empty text leaves the title alone; an empty title is not filled from the text)."""
+    items = dataset.items
+    for i, t, x in zip(items["item_id"], items["title"], items["text"], strict=True):
+        title = "" if t is None or t != t else str(t)
+        text = "" if x is None or x != x else str(x)
+        yield str(i), f"{title} {text}".strip()
+
+
+def bm25_rankings(
+    dataset: Any,
+    splits: Sequence[str] = ("test",),
+    k: int = 1000,
+    *,
+    k1: float = BM25_K1,
+    b: float = BM25_B,
+    index_dir: str | os.PathLike | None = None,
+    threads: int = DEFAULT_THREADS,
+) -> dict[str, dict[str, list[str]]]:
+    """Top-k item ids per query of each split ({split: {query_id: ranking}}), from one
+    Lucene index over :func:`item_documents` (kept in ``index_dir`` when given)."""
+    import tempfile
+
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    k1, b = check_bm25_params(k1, b)
+    texts = {
+        split: {str(q): str(t) for q, t in zip(frame["query_id"], frame["text"], strict=True)}
+        for split, frame in ((s, dataset.queries_in(s)) for s in dict.fromkeys(splits))
+    }
+    with tempfile.TemporaryDirectory(prefix="coevo-bm25-") as tmp:
+        target = Path(index_dir) if index_dir is not None else Path(tmp) / "index"
+        build_lucene_index(item_documents(dataset), target, threads=threads)
+        return {split: search(target, queries, k=k, threads=threads, k1=k1, b=b) for split, queries in texts.items()}
+
+
 def bm25_baseline(
     dataset: Any,
     split: str = "test",
     k: int = 1000,
     *,
     index_dir: str | os.PathLike | None = None,
-    ks: Sequence[int] = (10, 100, 1000),
+    ks: Sequence[int] | None = None,
+    cutoffs: Sequence[int] | None = None,
     threads: int = DEFAULT_THREADS,
+    k1: float = BM25_K1,
+    b: float = BM25_B,
 ) -> dict[str, float]:
     """Lucene BM25 over each item's ``title + text``, queried with the split's query text.
 
     Returns set metrics ("precision", "recall", "f1") of the top-k list taken as a set, and
-    ranked metrics at each of ``ks`` not above k. ``dataset`` is a
-    :class:`coevo.data.schema.Dataset`; ``index_dir`` keeps the Lucene index (default: a
-    temporary folder, removed afterwards).
+    ranked metrics at each cut-off not above k (default
+    :data:`coevo.retrieval.metrics.DEFAULT_CUTOFFS`; ``ks`` is the older name). ``dataset``
+    is a :class:`coevo.data.schema.Dataset`; ``index_dir`` keeps the Lucene index (default:
+    a temporary folder, removed afterwards). For per-query values, val-chosen k and CIs see
+    :func:`coevo.baselines.baseline_table`.
     """
-    import tempfile
+    from coevo.retrieval.metrics import DEFAULT_CUTOFFS, ranked_metrics, set_metrics
 
-    from coevo.retrieval.metrics import ranked_metrics, set_metrics
-
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    if ks is not None and cutoffs is not None:
+        raise TypeError("give cutoffs or ks (its older name), not both")
     qrels = dataset.relevant(split)
-    queries = dataset.queries_in(split)
     if not qrels:
         raise ValueError(f"{dataset.name}: split {split!r} has no query with a relevant item")
-    items = dataset.items
-    docs = (
-        (str(i), f"{t} {'' if x is None or x != x else x}".strip())
-        for i, t, x in zip(items["item_id"], items["title"], items["text"], strict=True)
-    )
-    query_text = {str(q): str(t) for q, t in zip(queries["query_id"], queries["text"], strict=True)}
-    with tempfile.TemporaryDirectory(prefix="coevo-bm25-") as tmp:
-        target = Path(index_dir) if index_dir is not None else Path(tmp) / "index"
-        build_lucene_index(docs, target, threads=threads)
-        rankings = search(target, query_text, k=k, threads=threads)
-    result = set_metrics({q: set(r) for q, r in rankings.items()}, qrels, query_ids=list(query_text)).as_dict()
-    usable = tuple(x for x in ks if x <= k) or (k,)
-    result.update(ranked_metrics(rankings, qrels, usable, query_ids=list(query_text)))
+    rankings = bm25_rankings(dataset, [split], k, k1=k1, b=b, index_dir=index_dir, threads=threads)[split]
+    query_ids = list(rankings)
+    result = set_metrics({q: set(r) for q, r in rankings.items()}, qrels, query_ids=query_ids).as_dict()
+    wanted = cutoffs if cutoffs is not None else ks if ks is not None else DEFAULT_CUTOFFS
+    usable = tuple(x for x in wanted if x <= k) or (k,)
+    result.update(ranked_metrics(rankings, qrels, usable, query_ids=query_ids))
     return result

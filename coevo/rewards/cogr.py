@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from coevo.models.prompts import completion_text
 from coevo.retrieval.evaluate import keyword_set_metrics, relevance_matrix, set_counts
 from coevo.retrieval.inverted_index import InvertedIndex, gather_rows
 from coevo.retrieval.keywords import normalize_keyword, parse_keywords
@@ -70,15 +71,6 @@ def _single_thread_blas() -> Iterator[None]:
     """
     with _blas_controller().limit(limits=1, user_api="blas"):
         yield
-
-
-def completion_text(completion: Any) -> str:
-    """Text of a TRL completion: a string, or a conversational list of messages."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
-        return str(completion[-1].get("content", ""))
-    raise TypeError(f"cannot read a completion of type {type(completion).__name__}")
 
 
 def parse_within_budget(completion: Any, k_max: int) -> tuple[str, ...] | None:
@@ -429,22 +421,45 @@ def naive_item_reward(
     candidate: Sequence[str],
     *,
     min_grade: int | None = None,
+    reference_f1: Sequence[float] | np.ndarray | None = None,
 ) -> float:
     """Reference implementation of the marginal reward: rebuild the item index with the
-    candidate set and re-evaluate every query (what :class:`ItemReward` avoids)."""
+    candidate set and re-evaluate every query (what :class:`ItemReward` avoids).
+
+    ``reference_f1``: the per-query F1 under the unchanged ``item_keywords``, in
+    ``query_keywords`` order (:func:`naive_reference_f1`); computed here when None. A caller
+    scoring many candidates against one reference computes it once (bench/rewards.py).
+    """
     if item_id not in item_keywords:
         raise KeyError(f"item {item_id!r} is not in item_keywords")
     queries = list(query_keywords)
     if not _has_relevant(queries, qrels, min_grade):
         return 0.0
-    before = InvertedIndex.from_keyword_sets(item_keywords)
-    after = InvertedIndex.from_keyword_sets({**item_keywords, item_id: list(candidate)})
+    if reference_f1 is None:
+        reference_f1 = naive_reference_f1(query_keywords, item_keywords, qrels, min_grade=min_grade)
+    before = np.asarray(reference_f1, dtype=np.float64)
+    if before.shape != (len(queries),):
+        raise ValueError(f"reference_f1 has shape {before.shape}; expected one F1 per query ({len(queries)})")
+    after = naive_reference_f1(query_keywords, {**item_keywords, item_id: list(candidate)}, qrels, min_grade=min_grade)
+    return float(np.sum(after - before))
 
-    def per_query_f1(index: InvertedIndex) -> np.ndarray:
-        rows = keyword_set_metrics(query_keywords, index, qrels, query_ids=queries, min_grade=min_grade).per_query
-        return np.asarray([r.f1 for r in rows])
 
-    return float(np.sum(per_query_f1(after) - per_query_f1(before)))
+def naive_reference_f1(
+    query_keywords: Mapping[str, Sequence[str]],
+    item_keywords: Mapping[str, Sequence[str]],
+    qrels: Qrels,
+    *,
+    min_grade: int | None = None,
+) -> np.ndarray:
+    """Per-query set F1 (``query_keywords`` order) against an item index built from scratch.
+
+    A query without a relevant item scores 0.0 (all of them when none has one).
+    """
+    if not _has_relevant(list(query_keywords), qrels, min_grade):
+        return np.zeros(len(query_keywords), dtype=np.float64)
+    index = InvertedIndex.from_keyword_sets(item_keywords)
+    rows = keyword_set_metrics(query_keywords, index, qrels, query_ids=list(query_keywords), min_grade=min_grade).per_query
+    return np.asarray([r.f1 for r in rows], dtype=np.float64)
 
 
 def _has_relevant(queries: Sequence[str], qrels: Qrels, min_grade: int | None) -> bool:

@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from coevo.retrieval.dense import FrozenRetriever
+from coevo.models.prompts import completion_text
+from coevo.retrieval.dense import DenseIndex, FrozenRetriever
 
 MIN_REWARD = -1.0
 MAX_REWARD = 1.0
@@ -45,17 +46,6 @@ def rank_reward(rank: Any, n: int) -> Any:
         raise ValueError(f"rank_reward: ranks must lie in 1..{n}")
     out = np.ones_like(rank_arr) if n == 1 else 1.0 - 2.0 * (rank_arr - 1.0) / (n - 1.0)
     return float(out) if out.ndim == 0 else out
-
-
-def completion_text(completion: Any) -> str:
-    """Text of a TRL completion: a plain string or a conversational list of messages."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], Mapping):
-        return str(completion[-1].get("content", ""))
-    if isinstance(completion, Mapping):
-        return str(completion.get("content", ""))
-    return ""
 
 
 @dataclass
@@ -105,16 +95,20 @@ class _RetrievalReward:
     __name__ = "grape_reward"  # TRL names reward columns after the callable
 
     def __post_init__(self) -> None:
-        index = self.retriever.index
-        if index is None:
-            raise RuntimeError("the retriever has no corpus index: build or attach it before making a reward")
+        index = self._index()
         self._rows: dict[str, np.ndarray] = {}
         for query_id, item_ids in self.qrels.items():
             if not item_ids:
                 raise ValueError(f"qrels: query {query_id!r} has no relevant item")
             self._rows[str(query_id)] = index.rows([str(i) for i in item_ids])
 
-    def _pair_values(self, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    def _index(self) -> DenseIndex:
+        if self.retriever.index is None:
+            raise RuntimeError("the retriever has no corpus index: build or attach it before making a reward")
+        return self.retriever.index
+
+    def _pair_values(self, index: DenseIndex, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """One value per (query embedding, relevant item row) pair, from the corpus ``index``."""
         raise NotImplementedError
 
     def __call__(self, query_ids: Sequence[str], completions: Sequence[Any], **_: Any) -> list[float]:
@@ -131,7 +125,7 @@ class _RetrievalReward:
             # One (query, relevant item) pair per row; several relevant items repeat the query.
             owners = np.concatenate([np.full(len(self._rows[str(query_ids[i])]), j) for j, i in enumerate(valid)])
             rows = np.concatenate([self._rows[str(query_ids[i])] for i in valid])
-            values = self._pair_values(embs[owners], rows)
+            values = self._pair_values(self._index(), embs[owners], rows)
             sums = np.bincount(owners, weights=values, minlength=len(valid))
             counts = np.bincount(owners, minlength=len(valid))
             rewards[valid] = np.clip(sums / counts, MIN_REWARD, MAX_REWARD)
@@ -146,9 +140,7 @@ class RankReward(_RetrievalReward):
 
     __name__ = "rank_reward"
 
-    def _pair_values(self, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        index = self.retriever.index
-        assert index is not None
+    def _pair_values(self, index: DenseIndex, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return rank_reward(index.exact_ranks(query_embs, rows), len(index))
 
 
@@ -158,9 +150,7 @@ class SimilarityReward(_RetrievalReward):
 
     __name__ = "similarity_reward"
 
-    def _pair_values(self, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        index = self.retriever.index
-        assert index is not None
+    def _pair_values(self, index: DenseIndex, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
         return index.pair_scores(query_embs, rows).astype(np.float64)
 
 

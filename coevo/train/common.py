@@ -9,28 +9,13 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-# Models up to this many parameters train on one CPU thread: on a shared machine more threads
-# mostly add contention, and results stay bit-reproducible.
-SMALL_MODEL_PARAMS = 200_000_000
+from coevo.runtime import limit_cpu_threads  # noqa: F401 - re-exported: the one CPU thread policy
 
 
 def on_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def limit_cpu_threads(model: Any) -> None:
-    """One torch thread for small models on CPU (see SMALL_MODEL_PARAMS); COEVO_THREADS overrides."""
-    import torch
-
-    if on_cuda():
-        return
-    wanted = os.environ.get("COEVO_THREADS")
-    if wanted:
-        torch.set_num_threads(int(wanted))
-    elif sum(p.numel() for p in model.parameters()) <= SMALL_MODEL_PARAMS:
-        torch.set_num_threads(1)
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from coevo.config import SFTParams
+from coevo.config import DPOParams
 from coevo.io import write_json
 from coevo.train.common import last_of, limit_cpu_threads, trainer_device_args
 
@@ -46,7 +46,7 @@ def _is_peft(model: Any) -> bool:
 def train_dpo(
     generator: Any,
     pairs: Sequence[Mapping[str, str]],
-    params: SFTParams,
+    params: DPOParams,
     beta: float,
     out_dir: str | Path,
     seed: int,
@@ -81,15 +81,17 @@ def train_dpo(
     started = time.perf_counter()
     try:
         with tempfile.TemporaryDirectory(prefix="coevo-dpo-") as scratch, seeded(seed):
-            config = DPOConfig(
-                output_dir=scratch,
-                num_train_epochs=params.epochs,
-                per_device_train_batch_size=batch_size,
-                learning_rate=params.learning_rate,
-                beta=beta,
-                max_length=max_length,
+            config = DPOConfig(**{
+                "output_dir": scratch,
+                "num_train_epochs": params.epochs,
+                "per_device_train_batch_size": batch_size,
+                "learning_rate": params.learning_rate,
+                "beta": beta,
+                "max_length": max_length,
                 **trainer_device_args(seed),
-            )
+                # Any other DPOConfig field (checked against DPOConfig when params load).
+                **params.trl,
+            })
             trainer = DPOTrainer(
                 model=model,
                 ref_model=ref_model,

@@ -23,6 +23,7 @@ from typing import Any
 
 from coevo.config import GRPOParams
 from coevo.models.generator import Generator, seeded
+from coevo.models.prompts import completion_text
 from coevo.train.common import last_of, limit_cpu_threads, mean_of, trainer_device_args
 
 log = logging.getLogger(__name__)
@@ -30,18 +31,11 @@ log = logging.getLogger(__name__)
 RewardFn = Callable[..., Sequence[float]]
 
 
-def _completion_text(completion: Any) -> str:
-    # Conversational prompts give [{"role": "assistant", "content": ...}]; plain prompts give str.
-    if isinstance(completion, list):
-        return "".join(str(m.get("content", "")) for m in completion)
-    return str(completion)
-
-
 def wrap_reward(reward_fn: RewardFn, columns: Sequence[str]) -> Callable[..., list[float]]:
     """Adapt ``reward_fn(completions, **columns)`` to TRL's reward-function calling convention."""
 
     def reward(prompts, completions, **kwargs) -> list[float]:  # noqa: ARG001 - TRL passes prompts
-        texts = [_completion_text(c) for c in completions]
+        texts = [completion_text(c) for c in completions]
         values = reward_fn(texts, **{name: kwargs[name] for name in columns})
         values = [float(v) for v in values]
         if len(values) != len(texts):
@@ -64,7 +58,12 @@ def grpo_config(
     use_vllm: bool = False,
     **overrides: Any,
 ):
-    """The GRPOConfig we train with (see the module docstring for the CPU speed settings)."""
+    """The GRPOConfig we train with (see the module docstring for the CPU speed settings).
+
+    Precedence: coevo's settings, then ``params.trl`` (any other GRPOConfig field, e.g.
+    ``loss_type``, ``epsilon``, ``scale_rewards``, ``gradient_accumulation_steps``), then
+    ``overrides``.
+    """
     from trl import GRPOConfig
 
     settings: dict[str, Any] = {
@@ -85,6 +84,8 @@ def grpo_config(
     }
     if use_vllm:
         settings["vllm_mode"] = "colocate"
+    # The params' trl pass-through (checked against GRPOConfig at load time), then the caller's.
+    settings.update(params.trl)
     settings.update(overrides)
     return GRPOConfig(**settings)
 

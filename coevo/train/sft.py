@@ -31,6 +31,32 @@ def _check_examples(examples: Sequence[dict[str, Any]]) -> str:
     return fmt
 
 
+def sft_settings(
+    generator: Generator,
+    params: SFTParams,
+    out_dir: str | Path,
+    seed: int,
+    *,
+    max_length: int = 512,
+    max_steps: int | None = None,
+) -> dict[str, Any]:
+    """SFTConfig keyword arguments: coevo's settings, then ``params.trl`` (any other SFTConfig field)."""
+    return {
+        "output_dir": str(out_dir),
+        "num_train_epochs": params.epochs,
+        "max_steps": max_steps if max_steps is not None else -1,
+        "learning_rate": params.learning_rate,
+        "per_device_train_batch_size": params.batch_size,
+        "lr_scheduler_type": "linear",
+        "warmup_steps": 0,
+        "max_length": max_length,
+        "packing": False,
+        "eos_token": generator.tokenizer.eos_token,  # the tokenizer's pad token is used as is
+        **trainer_device_args(seed),
+        **params.trl,
+    }
+
+
 def train_sft(
     generator: Generator,
     examples: Sequence[dict[str, Any]],
@@ -54,19 +80,7 @@ def train_sft(
     limit_cpu_threads(generator.model)
     columns = ("prompt", "completion") if fmt == "prompt_completion" else ("text",)
     dataset = Dataset.from_list([{k: row[k] for k in columns} for row in examples])
-    config = SFTConfig(
-        output_dir=str(out_dir),
-        num_train_epochs=params.epochs,
-        max_steps=max_steps if max_steps is not None else -1,
-        learning_rate=params.learning_rate,
-        per_device_train_batch_size=params.batch_size,
-        lr_scheduler_type="linear",
-        warmup_steps=0,
-        max_length=max_length,
-        packing=False,
-        eos_token=generator.tokenizer.eos_token,  # the tokenizer's pad token is used as is
-        **trainer_device_args(seed),
-    )
+    config = SFTConfig(**sft_settings(generator, params, out_dir, seed, max_length=max_length, max_steps=max_steps))
     started = time.perf_counter()
     with seeded(seed):
         trainer = SFTTrainer(

@@ -1,0 +1,50 @@
+"""Step events from a running pipeline to whoever shows progress (the CLI draws a bar).
+
+Flows call :func:`plan`, :func:`started` and :func:`finished`; a listener registered with
+:func:`listening` receives them. Without a listener the events only count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class StepListener:
+    def plan(self, total: int, title: str) -> None: ...
+    def started(self, label: str) -> None: ...
+    def finished(self, label: str, cached: bool) -> None: ...
+
+
+_listeners: list[StepListener] = []
+_counts = {"executed": 0, "cached": 0}
+
+
+@contextmanager
+def listening(listener: StepListener) -> Iterator[None]:
+    _listeners.append(listener)
+    try:
+        yield
+    finally:
+        _listeners.remove(listener)
+
+
+def plan(total: int, title: str) -> None:
+    _counts.update(executed=0, cached=0)
+    for listener in _listeners:
+        listener.plan(total, title)
+
+
+def started(label: str) -> None:
+    for listener in _listeners:
+        listener.started(label)
+
+
+def finished(label: str, cached: bool) -> None:
+    _counts["cached" if cached else "executed"] += 1
+    for listener in _listeners:
+        listener.finished(label, cached)
+
+
+def counts() -> dict[str, int]:
+    return dict(_counts)

@@ -1,0 +1,64 @@
+"""One Prefect task per pipeline step, built by one factory.
+
+The task's cache key is the step's key (``coevo.steps``: the one staleness rule), so a
+Prefect cache hit happens exactly when the library would call the step done; when the
+library says it is not done (an output vanished), the cache is refreshed. Results are small
+JSON documents (Prefect's JSON serializer, never pickle) under the project's
+``.prefect/results``; only transient errors are retried.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import CachePolicy
+from prefect.context import TaskRunContext
+
+from coevo import progress
+from coevo.pipeline import Step
+
+RESULTS_DIR = Path(".prefect") / "results"
+_TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.EIO, errno.ETIMEDOUT, errno.ECONNRESET}
+
+
+class StepKey(CachePolicy):
+    """Cache key = the step's own key (its inputs, params subtree and code)."""
+
+    def compute_key(self, task_ctx: TaskRunContext, inputs: dict[str, Any], flow_parameters: dict[str, Any],
+                    **kwargs: Any) -> str | None:
+        return inputs["key"]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth a retry: network hiccups, busy files, interrupted I/O. Bad data is not."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    return isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS
+
+
+def _retry_if_transient(_task: Any, _task_run: Any, state: Any) -> bool:
+    try:
+        state.result(raise_on_failure=True)
+    except BaseException as raised:  # noqa: BLE001 - only classified
+        return is_transient(raised)
+    return False
+
+
+@task(cache_policy=StepKey(), persist_result=True, result_storage=RESULTS_DIR, result_serializer="json",
+      retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=_retry_if_transient)
+def _step(step: Step, key: str) -> dict[str, Any]:
+    return step.run()
+
+
+def execute(step: Step) -> dict[str, Any]:
+    """Run ``step`` as its own Prefect task; report progress; return its result."""
+    progress.started(step.label)
+    done = step.done()  # the library's resume check, with the same key
+    task_obj = _step.with_options(name=step.name, task_run_name=step.name, refresh_cache=not done)
+    state = task_obj(step=step, key=step.key, return_state=True)
+    result = state.result()  # raises the step's own exception on failure
+    progress.finished(step.label, cached=done or state.name == "Cached")
+    return result

@@ -1,0 +1,169 @@
+"""Import rules of the library, read from the source with ``ast`` (nothing is imported).
+
+- ``coevo/`` never imports the top-level ``tasks`` or ``flows`` folders (no cycle
+  coevo -> flows -> tasks -> coevo; flows find the library, not the other way round);
+- ``coevo/models`` never imports ``coevo.train`` (train builds on models);
+- ``coevo/`` imports ``prefect`` and ``mlflow`` only under ``coevo/cli/`` (the library is pure
+  logic; orchestration and tracking live in tasks/ and flows/);
+- only ``coevo*`` packages are installed (no bare ``tasks`` / ``flows`` in site-packages).
+
+Relative imports are resolved, ``from coevo import train`` counts as importing ``coevo.train``,
+imports under ``if TYPE_CHECKING:`` and inside functions count, and so do
+``importlib.import_module("...")`` / ``__import__("...")`` calls whose module name is a
+literal (or an f-string with a literal head, e.g. ``f"flows.{method}"``).
+Every violation names the file, the line and the imported module.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = REPO_ROOT / "coevo"
+
+
+class Import(NamedTuple):
+    path: Path  # relative to the repository root
+    line: int
+    module: str  # absolute dotted name
+
+    def describe(self, rule: str) -> str:
+        return f"{self.path}:{self.line}: imports {self.module} ({rule})"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(path: Path, module: str | None, level: int) -> str:
+    """Absolute name of ``from <level dots><module> import ...`` written in ``path``."""
+    if level == 0:
+        return module or ""
+    package = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        package.pop()  # a module's package is its parent
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
+def _literal_head(node: ast.expr) -> str | None:
+    """The module name of a dynamic import when it is (or starts with) a literal."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr) and node.values:
+        first = node.values[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            return first.value.rstrip(".") or None
+    return None
+
+
+def _is_dynamic_import(call: ast.Call) -> bool:
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id in {"__import__", "import_module"}
+    return isinstance(func, ast.Attribute) and func.attr == "import_module"
+
+
+def imports_of(path: Path) -> Iterator[Import]:
+    rel = path.relative_to(REPO_ROOT)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(rel))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(rel, node.lineno, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(path, node.module, node.level)
+            yield Import(rel, node.lineno, base)
+            for alias in node.names:
+                if alias.name != "*":
+                    yield Import(rel, node.lineno, f"{base}.{alias.name}" if base else alias.name)
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node) and node.args:
+            name = _literal_head(node.args[0])
+            if name:
+                yield Import(rel, node.lineno, name)
+
+
+def library_imports() -> list[Import]:
+    files = sorted(LIBRARY.rglob("*.py"))
+    assert files, f"no Python files under {LIBRARY}"
+    return [imp for path in files for imp in imports_of(path)]
+
+
+def _is(module: str, *names: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in names)
+
+
+def violations(rule: str, applies: Callable[[Path], bool], forbidden: Callable[[str], bool]) -> list[str]:
+    seen: dict[tuple[Path, int], Import] = {}
+    for imp in library_imports():
+        if applies(imp.path) and forbidden(imp.module):
+            seen.setdefault((imp.path, imp.line), imp)  # one message per import statement
+    return [imp.describe(rule) for imp in seen.values()]
+
+
+def _under(folder: str) -> Callable[[Path], bool]:
+    prefix = Path(folder).parts
+    return lambda path: path.parts[: len(prefix)] == prefix
+
+
+def test_library_never_imports_tasks_or_flows():
+    found = violations("coevo/ never imports the top-level tasks or flows",
+                       _under("coevo"), lambda m: _is(m, "tasks", "flows"))
+    assert not found, "\n".join(found)
+
+
+def test_models_never_import_train():
+    found = violations("coevo/models never imports coevo.train",
+                       _under("coevo/models"), lambda m: _is(m, "coevo.train"))
+    assert not found, "\n".join(found)
+
+
+def test_prefect_and_mlflow_only_in_the_cli():
+    cli = _under("coevo/cli")
+    found = violations("prefect and mlflow only under coevo/cli/",
+                       lambda p: _under("coevo")(p) and not cli(p), lambda m: _is(m, "prefect", "mlflow"))
+    assert not found, "\n".join(found)
+
+
+def test_only_coevo_packages_are_installed():
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    include = config["tool"]["setuptools"]["packages"]["find"]["include"]
+    others = [pattern for pattern in include if not pattern.startswith("coevo")]
+    assert include and not others, (
+        f"pyproject.toml [tool.setuptools.packages.find] include = {include}: only coevo* may be installed "
+        f"(not {others}: a bare top-level package collides in site-packages)"
+    )
+
+
+# -- the walker itself -----------------------------------------------------------------------
+def test_the_walker_sees_every_kind_of_import(tmp_path, monkeypatch):
+    package = tmp_path / "coevo" / "models"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    source = (
+        "import os\n"
+        "from coevo import train\n"
+        "from ..train.grpo import wrap_reward\n"
+        "from . import prompts\n"
+        "def f(method):\n"
+        "    import importlib\n"
+        "    import flows.cogr\n"
+        "    return importlib.import_module(f'tasks.{method}'), __import__('mlflow')\n"
+    )
+    (package / "bad.py").write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "REPO_ROOT", tmp_path)
+    got = {(imp.line, imp.module) for imp in imports_of(package / "bad.py")}
+    assert {(1, "os"), (2, "coevo.train"), (3, "coevo.train.grpo"), (4, "coevo.models.prompts"),
+            (7, "flows.cogr"), (8, "tasks"), (8, "mlflow")} <= got
+    assert _resolve(package / "__init__.py", "tiny", 1) == "coevo.models.tiny"
+    assert Import(Path("coevo/models/bad.py"), 2, "coevo.train").describe("rule") == (
+        "coevo/models/bad.py:2: imports coevo.train (rule)"
+    )

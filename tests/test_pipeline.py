@@ -1,0 +1,156 @@
+"""The one staleness rule: which phases each change re-runs, decided by keys alone (no training).
+
+The same keys serve the library's resume check, the Prefect cache and the CLI's up-to-date
+check; dvc.yaml is generated from the same declarations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, make_toy_metatool, toy_params
+from coevo.config import load_params
+from coevo.methods.base import early_stopping
+from coevo.steps import is_done, run_stamped, step_key
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> tuple[Path, Path]:
+    from coevo.data.loaders import load_source
+
+    root = tmp_path_factory.mktemp("toy")
+    source = make_toy_metatool(root / "toy")
+    data = root / "data"
+    load_source("metatool", str(source), seed=42, val_fraction=0.2, test_fraction=0.2, name="toy").save(data)
+    return toy_params(root / "params.yaml"), data
+
+
+def keys(method: str, params_file: Path, data: Path, overrides=(), fingerprint="data-v1", code=None) -> dict[str, str]:
+    from coevo.methods.base import method_class
+
+    run = method_class(method)("unused", load_params([params_file], list(overrides)), data, data_fingerprint=fingerprint)
+    if code is not None:
+        run.__dict__["code_hash"] = code  # as if a library source file had changed
+    return {p.name: run.key(p.name) for p in run.phases()}
+
+
+def changed(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    return [name for name in before if before[name] != after.get(name)]
+
+
+@pytest.mark.parametrize(
+    ("change", "rerun"),
+    [
+        ({"overrides": ["cogr.grpo.learning_rate=1e-3"]}, ["01_query", "02_item"]),
+        ({"overrides": ["cogr.sft.learning_rate=1e-3"]}, ["00_sft", "01_query", "02_item"]),
+        ({"overrides": ["cogr.seed_temperature=0.3"]}, ["seed", "00_sft", "01_query", "02_item"]),
+        ({"overrides": ["cogr.m_item_keywords=7"]}, ["seed", "00_sft", "01_query", "02_item"]),
+        ({"overrides": ["cogr.sampling.top_p=0.5"]}, ["seed", "00_sft", "01_query", "02_item"]),
+        ({"overrides": ["cogr.seed_generator=tiny"]}, ["seed", "00_sft", "01_query", "02_item"]),
+        ({"overrides": ["evaluation.split=val"]}, []),  # only the final evaluation (a later step) changes
+        ({"overrides": ["cogr.early_stopping.patience=1"]}, []),  # decides what runs, not what a phase computes
+        ({"fingerprint": "data-v2"}, ["seed", "00_sft", "01_query", "02_item"]),
+        ({"code": "edited"}, ["seed", "00_sft", "01_query", "02_item"]),
+    ],
+)
+def test_each_change_reruns_exactly_the_phases_that_depend_on_it(toy, change, rerun):
+    params_file, data = toy
+    assert changed(keys("cogr", params_file, data), keys("cogr", params_file, data, **change)) == rerun
+
+
+def test_adding_a_round_keeps_every_finished_phase(toy):
+    params_file, data = toy
+    one, two = keys("cogr", params_file, data), keys("cogr", params_file, data, ["cogr.rounds=2"])
+    assert all(two[name] == key for name, key in one.items())
+    assert list(two)[len(one):] == ["03_query", "04_item"]
+
+
+@pytest.mark.parametrize(
+    ("method", "override", "rerun"),
+    [
+        ("grape", "grape.grpo.learning_rate=1e-3", ["train", "trained"]),
+        ("grape", "grape.lora.r=4", ["untrained", "train", "trained"]),
+        ("grape", "grape.text_encoder=other", ["index", "raw", "untrained", "train", "trained"]),
+        ("cohyde", "cohyde.dpo_beta=0.2", ["round_1", "round_2", "round_3"]),
+        ("cohyde", "cohyde.warmup.epochs=3", ["s1b", "hyde", "round_1", "round_2", "round_3"]),
+        ("cohyde", "cohyde.encoder_training.epochs=3", ["s1a", "hyde", "round_1", "round_2", "round_3"]),
+    ],
+)
+def test_grape_and_cohyde_phases_follow_the_same_rule(toy, method, override, rerun):
+    params_file, data = toy
+    assert changed(keys(method, params_file, data), keys(method, params_file, data, [override])) == rerun
+
+
+def test_final_evaluation_key_follows_the_split_and_the_trained_phases(toy, tmp_path, monkeypatch):
+    from coevo.pipeline import Pipeline
+
+    params_file, data = toy
+    monkeypatch.chdir(tmp_path)
+
+    def final_key(*overrides: str) -> str:
+        pipe = Pipeline("cogr", load_params([params_file], list(overrides)))
+        monkeypatch.setattr(type(pipe), "data_fingerprint", lambda self: "data-v1")
+        method = pipe.method_cls("run", pipe.params, data, data_fingerprint="data-v1")
+        monkeypatch.setattr(method, "is_done", lambda name: True)
+        pipe.__dict__["method"] = method
+        return pipe.final().key
+
+    base = final_key()
+    assert final_key("evaluation.split=val") != base
+    assert final_key("cogr.grpo.learning_rate=1e-3") != base
+    assert final_key("cogr.early_stopping.patience=1") == base
+
+
+def test_stamps_rerun_on_a_new_key_and_resume_on_the_same(tmp_path):
+    out, stamp = tmp_path / "out", tmp_path / "stamp.json"
+    calls = []
+
+    def work() -> dict:
+        calls.append(1)
+        out.write_text("x")
+        return {"n": len(calls)}
+
+    assert run_stamped(stamp, "k1", [out], work) == {"n": 1}
+    assert run_stamped(stamp, "k1", [out], work) == {"n": 1} and len(calls) == 1  # done: not run again
+    assert is_done(stamp, "k1", [out]) and not is_done(stamp, "k2", [out])
+    out.unlink()
+    assert not is_done(stamp, "k1", [out])  # a lost output is not done
+    assert run_stamped(stamp, "k1", [out], work) == {"n": 2}
+    assert run_stamped(stamp, "k2", [out], work) == {"n": 3}
+    assert step_key("a", {"x": 1}, ["d"], "c") != step_key("a", {"x": 2}, ["d"], "c")
+
+
+def test_early_stopping_counts_evaluations_since_the_best():
+    state = early_stopping([0.1, 0.3, 0.3, 0.2], "f1", patience=2, min_delta=0.0)
+    assert (state.best, state.best_index, state.stale, state.stop) == (0.3, 1, 2, True)
+    assert not early_stopping([0.1, 0.3, 0.31], "f1", patience=1, min_delta=0.0).stop
+    assert early_stopping([0.1, 0.3, 0.31], "f1", patience=1, min_delta=0.05).stop
+
+
+def test_no_val_split_is_a_clear_error_before_any_training(toy, tmp_path):
+    import pandas as pd
+
+    from coevo.methods.cogr import CoGR
+
+    params_file, data = toy
+    broken = tmp_path / "no_val"
+    broken.mkdir()
+    for name in ("items", "qrels", "queries"):
+        frame = pd.read_parquet(data / f"{name}.parquet")
+        if name == "queries":
+            frame["split"] = frame["split"].replace("val", "test")
+        frame.to_parquet(broken / f"{name}.parquet", index=False)
+    (broken / "dataset.json").write_text((data / "dataset.json").read_text())
+    with pytest.raises(ValueError, match="no val query has a relevant item"):
+        CoGR(tmp_path / "run", load_params([params_file]), broken, data_fingerprint="x")
+
+
+@pytest.mark.parametrize("method", ["cogr", "grape", "cohyde"])
+def test_committed_dvc_yaml_is_generated_from_the_declarations(method, monkeypatch):
+    from coevo.dvc_stages import FILES, render
+
+    monkeypatch.chdir(REPO_ROOT)
+    assert (REPO_ROOT / FILES[method]).read_text() == render(method), (
+        f"{FILES[method]} differs from the pipeline's declarations: run `python -m coevo.dvc_stages`")
