@@ -28,8 +28,9 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/coevo demo
 
+# One pytest process per test file (tests/run_by_file.py says why: pyserini's JVM and native signal handlers).
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python tests/run_by_file.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -47,6 +47,33 @@ def _not_bool(value: Any) -> Any:
 # A float knob: ints such as ``1`` are fine, booleans are not (NaN/inf: see Section).
 Float = Annotated[float, BeforeValidator(_not_bool)]
 
+_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _folder_name(value: Any) -> Any:
+    """A name that becomes one folder (``data/processed/<name>``): letters, digits, ``._-``."""
+    if isinstance(value, str) and (not _NAME.fullmatch(value) or set(value) == {"."}):
+        raise ValueError(f"{value!r} is not a name: use letters, digits, '.', '_' and '-' only (it names a folder)")
+    return value
+
+
+def _inside_project(value: Any) -> Any:
+    """A relative folder that stays inside the project (no absolute path, no '..' above it)."""
+    if isinstance(value, str):
+        import posixpath
+
+        normal = posixpath.normpath(value.replace("\\", "/"))
+        if value.startswith(("/", "\\", "~")) or re.match(r"^[A-Za-z]:", value) or normal == ".." or \
+                normal.startswith("../"):
+            raise ValueError(f"{value!r} leaves the project: give a folder relative to the project root without '..' "
+                             "(a symlink inside the project can point elsewhere)")
+    return value
+
+
+# Path-like params: a folder name, and an output folder inside the project.
+FolderName = Annotated[str, BeforeValidator(_folder_name)]
+ProjectPath = Annotated[str, BeforeValidator(_inside_project)]
+
 
 class Section(BaseModel):
     # No defaults anywhere: params.yaml holds them all. Booleans are not numbers, integers
@@ -66,10 +93,16 @@ CoGRMetric = Literal[COGR_METRICS]  # type: ignore[valid-type]
 CoHyDEMetric = Literal[COHYDE_METRICS]  # type: ignore[valid-type]
 
 
+# The tiny open_clip architecture of the tests (coevo.models.clip registers it): the one CLIP
+# model allowed without pretrained weights.
+TINY_CLIP_MODEL = "coevo-tiny-clip"
+
+
 # ------------------------------------------------------------------------------ sections
 class DataParams(Section):
-    dataset: str = Field(
-        min_length=1, description="Name of the prepared data set; its tables go to <data.root>/processed/<dataset>/."
+    dataset: FolderName = Field(
+        min_length=1, description="Name of the prepared data set (letters, digits, '._-'); its tables go to "
+        "<data.root>/processed/<dataset>/."
     )
     loader: Literal["metatool", "stabletoolbench", "wands", "beir", "image_captions"] = Field(
         description="Reader that turns `source` into the items / queries / qrels tables."
@@ -84,12 +117,33 @@ class DataParams(Section):
     test_fraction: Float = Field(
         ge=0.0, lt=1.0, description="Share of queries held out as test (final evaluation) when the source has no split."
     )
-    root: str = Field(min_length=1, description="Folder under which processed/, indexes/ and models/ are written.")
+    root: ProjectPath = Field(
+        min_length=1, description="Folder under which processed/, indexes/ and models/ are written (inside the project)."
+    )
+    min_grade: StrictInt = Field(
+        ge=1, description="Relevance threshold applied when the data set is prepared: judgements graded below it "
+        "become grade 0 (judged, not relevant), the others keep their grade (NDCG gains). WANDS: 1 = Exact and "
+        "Partial are relevant, 2 = Exact only. Binary sources (MetaTool, StableToolBench) need 1.",
+    )
+    split_scheme: Literal["fractions", "wands_430_50"] = Field(
+        description="fractions: a seeded split by query (val_fraction, test_fraction) where the source has none; "
+        "a source that fixes train but lacks val (or test) gets a seeded val (test) carved from its train queries. "
+        "wands_430_50: the CoGR paper's WANDS split, 50 seeded test queries (with a relevant product) and 430 "
+        "training queries, of which val_fraction are held out as val (the paper has no val split; monitoring "
+        "needs one). Only with loader = wands.",
+    )
+    duplicates: Literal["drop", "error"] = Field(
+        description="Duplicate rows in a source (a judgement, a query-tool pair or an API record given twice): "
+        "drop keeps one (the highest grade) and reports the count and first examples (warning, dataset.json "
+        "meta.duplicates); error refuses the source with the same report.",
+    )
 
     @model_validator(mode="after")
     def _fractions(self) -> "DataParams":
         if self.val_fraction + self.test_fraction >= 1.0:
             raise ValueError("val_fraction + test_fraction must be < 1 (some queries must train)")
+        if self.split_scheme == "wands_430_50" and self.loader != "wands":
+            raise ValueError(f"data.split_scheme = wands_430_50 is the WANDS paper split; data.loader is {self.loader!r}")
         return self
 
 
@@ -97,9 +151,32 @@ class TrackingParams(Section):
     uri: str = Field(
         min_length=1, description="MLflow tracking URI: a sqlite:/// database, a folder or an http:// server."
     )
-    artifact_root: str = Field(
-        min_length=1, description="Folder where MLflow stores run artifacts (plots, reports, metrics.json)."
+    artifact_root: ProjectPath = Field(
+        min_length=1, description="Folder where MLflow stores run artifacts (plots, reports, metrics.json), inside the "
+        "project."
     )
+
+
+class BootstrapParams(Section):
+    resamples: StrictInt = Field(
+        ge=1000, le=1_000_000,
+        description="Paired-bootstrap resamples of the evaluated queries (drawn with replacement, each pair of "
+        "systems' values together) behind every 95% CI of a difference a table claims; at least 1,000.",
+    )
+    permutations: StrictInt = Field(
+        ge=1000, le=1_000_000,
+        description="Sign-flip patterns of the paired randomisation test that gives each difference its two-sided "
+        "p-value (all 2^n patterns when fewer).",
+    )
+    confidence: Float = Field(gt=0.5, lt=1.0, description="Confidence level of the intervals (0.95 = 95% CI).")
+    seed: StrictInt = Field(
+        ge=0, description="Seed of the resampling (bootstrap and randomisation draw independent streams from it): "
+        "the same seed and the same per-query values give the same intervals and p-values."
+    )
+
+
+# Cut-offs every table reads: P@1 / R@1, NDCG@5 (CoHyDE's headline), NDCG@10 and R@10.
+REQUIRED_CUTOFFS: tuple[int, ...] = (1, 5, 10)
 
 
 class EvaluationParams(Section):
@@ -107,6 +184,28 @@ class EvaluationParams(Section):
         description="The split the FINAL evaluation reports; training phases and early stopping always monitor "
         "the val split."
     )
+    cutoffs: list[StrictInt] = Field(
+        min_length=1,
+        description="Cut-offs k of the ranked metrics (P, R, F1, NDCG, MRR @k) in the final evaluation, the BM25 "
+        "and dense baselines (F1@k at the k among these that is best on val; the largest is their retrieval depth), "
+        "the tables, MLflow and metrics.json. Increasing, must hold 1, 5 and 10. Training phases monitor val at "
+        "the library's cut-offs (1, 3, 5, 10, 100, 1000), so changing this list re-runs evaluation only.",
+    )
+    bootstrap: BootstrapParams = Field(
+        description="Confidence intervals and p-values of the differences each final table claims (a method's "
+        "final vs its own start, and vs the best baseline), over the queries of the final split."
+    )
+
+    @model_validator(mode="after")
+    def _cutoffs(self) -> "EvaluationParams":
+        cut = self.cutoffs
+        if any(k < 1 for k in cut) or cut != sorted(set(cut)):
+            raise ValueError(f"cutoffs must be increasing positive integers without repeats, got {cut}")
+        missing = [k for k in REQUIRED_CUTOFFS if k not in cut]
+        if missing:
+            raise ValueError(f"cutoffs must include {', '.join(map(str, missing))} (every table shows P@1, NDCG@5, "
+                             f"NDCG@10 and R@10), got {cut}")
+        return self
 
 
 class LoraParams(Section):
@@ -247,9 +346,23 @@ class GRPOParams(TrainerSection):
 
 
 class CoGRGRPOParams(GRPOParams):
-    trl_owned: ClassVar[dict[str, str]] = {**GRPOParams.trl_owned, "num_train_epochs": "{self}.epochs_per_side"}
+    trl_owned: ClassVar[dict[str, str]] = {
+        **GRPOParams.trl_owned, "num_train_epochs": "{self}.query_epochs / {self}.item_epochs",
+    }
 
-    epochs_per_side: StrictInt = Field(ge=1, description="Passes over the phase's prompts in each GRPO phase.")
+    query_epochs: StrictInt = Field(
+        ge=1, description="Passes over the prompts in each query-side GRPO phase (the paper: 10)."
+    )
+    item_epochs: StrictInt = Field(
+        ge=1, description="Passes over the prompts in each item-side GRPO phase (the paper: 5)."
+    )
+    max_completion_length: StrictInt = Field(
+        ge=1, le=4096,
+        description="Most tokens sampled per GRPO completion. A completion cut at this limit gets reward -1 and is "
+        "never parsed; the K_max penalty can only fire when the limit holds k_max + 1 keywords (about 2.6 tokens "
+        "per keyword with its comma for SmolLM2 / Qwen: 31 keywords ~ 80-100 tokens; each phase records its "
+        "estimate as train.kmax_budget_tokens and warns when the limit is short).",
+    )
     max_prompts_per_phase: StrictInt | None = Field(
         ge=1, description="Seeded cap on prompts per GRPO phase; null = all training queries (or items)."
     )
@@ -327,7 +440,10 @@ class GrapeParams(Section):
     clip_model: str = Field(min_length=1, description="open_clip architecture when retriever = clip.")
     clip_pretrained: str | None = Field(
         min_length=1,
-        description="open_clip weights: a public tag (e.g. laion2b_s34b_b79k) or a local checkpoint; null = random.",
+        description="open_clip weights: a public tag (e.g. openai, laion2b_s34b_b79k; downloaded by open_clip) or "
+        f"a local checkpoint file. Required with retriever = clip: null is an error, except for clip_model = "
+        f"{TINY_CLIP_MODEL} (the tiny test model, random weights by design) and hf-hub: / local-dir: models "
+        "(their weights come with them).",
     )
     reward: Literal["rank", "similarity"] = Field(
         description="rank: 1 - 2 (rank - 1) / (N - 1) of the relevant item (the paper's); similarity: ablation."
@@ -340,6 +456,18 @@ class GrapeParams(Section):
     sampling: SamplingParams = Field(description="Text generation: GRPO rollouts and evaluation.")
     grpo: GrapeGRPOParams = Field(description="GRPO of the rewriter against the frozen retriever.")
     eval_every: StrictInt = Field(ge=1, description="Evaluate on the val split every this many GRPO steps.")
+
+    @model_validator(mode="after")
+    def _clip_weights(self) -> "GrapeParams":
+        # A CLIP retriever with random weights ranks images at random: every reward is noise.
+        if (self.retriever == "clip" and self.clip_pretrained is None and self.clip_model != TINY_CLIP_MODEL
+                and not self.clip_model.startswith(("hf-hub:", "local-dir:"))):  # those carry their weights
+            raise ValueError(
+                f"grape.clip_pretrained is null but grape.retriever is clip ({self.clip_model}): set "
+                f"grape.clip_pretrained to a public tag (e.g. openai) or a local checkpoint file; only "
+                f"clip_model = {TINY_CLIP_MODEL} (the tiny test model) runs without weights"
+            )
+        return self
 
 
 class EncoderTrainingParams(Section):
@@ -377,6 +505,59 @@ class CoHyDEParams(Section):
     max_train_queries: StrictInt | None = Field(
         ge=2, description="Seeded cap on training queries for S1a to S4; null = all."
     )
+    s1b_warmup: StrictBool = Field(
+        description="S1b: warm the rewriter up on the rendered tool corpus before the rounds; false = the paper's "
+        "'without S1b' ablation (the rounds start from the untrained rewriter)."
+    )
+    s3_init: Literal["s1a", "previous_round"] = Field(
+        description="Where S3 starts the encoder of each round: s1a (the default) retrains it from the S1a encoder "
+        "on the current rewriter's descriptions; previous_round continues the previous round's encoder (chained). "
+        "s1a is what the paper most likely means: it says S3 'retrains' the encoder 'only on (description, tool) "
+        "pairs', so each round's encoder fits the current rewriter, not the descriptions of earlier ones."
+    )
+    eval_pairing: Literal["co_trained", "trained_rewriter_s1a_encoder", "vanilla_rewriter_co_trained_encoder"] = (
+        Field(
+            description="Which rewriter and encoder every round is evaluated with (val monitoring, round selection "
+            "and the final row): co_trained (the method: the round's rewriter and encoder); the paper's ablations "
+            "trained_rewriter_s1a_encoder (the round's rewriter, the vanilla S1a encoder) and "
+            "vanilla_rewriter_co_trained_encoder (the untrained rewriter of vanilla HyDE, the round's encoder). "
+            "Training is the same for all three; a change re-runs the rounds, whose evaluation it is part of."
+        )
+    )
+
+
+class RayParams(Section):
+    address: str = Field(
+        description="Ray cluster for compute.backend = ray: 'auto' (a node of a running cluster), "
+        "'ray://<head>:10001' (Ray Client) or '<head>:6379'; empty = $RAY_ADDRESS when set, else start a local "
+        "Ray instance for this process (compute.workers x compute.cpus_per_worker CPUs)."
+    )
+
+
+class ComputeParams(Section):
+    """Where corpus-wide passes run; never part of a phase key (both backends give the same outputs)."""
+
+    backend: Literal["local", "ray"] = Field(
+        description="local: corpus-wide generation and embedding run in this process (the default: no start-up "
+        "cost). ray: they run as Ray Data map_batches over shards, the model loaded once per worker actor, and "
+        "the independent evaluation steps (the BM25 and dense baselines) run as Prefect tasks on Ray (prefect-ray)."
+    )
+    ray: RayParams = Field(description="The Ray cluster to use with backend = ray.")
+    workers: StrictInt = Field(
+        ge=1, description="Worker actors per corpus-wide pass (Ray Data concurrency); each loads the model once."
+    )
+    batch_size: StrictInt = Field(
+        ge=1, description="Texts per Ray Data batch handed to one worker call (rounded up to whole model batches, "
+        "so batching and outputs match the local backend); larger amortises scheduling, smaller balances load."
+    )
+    cpus_per_worker: Float = Field(
+        gt=0.0, le=1024.0, description="CPUs reserved per worker actor (also its torch threads when COEVO_THREADS "
+        "is unset and the model is large)."
+    )
+    gpus_per_worker: Float = Field(
+        ge=0.0, le=16.0, description="GPUs per worker actor; > 0 with vLLM installed sends generation through "
+        "ray.data.llm (vLLM engine, current LoRA adapter); 0 = CPU workers."
+    )
 
 
 class Params(Section):
@@ -384,6 +565,9 @@ class Params(Section):
     data: DataParams = Field(description="The data set: where it comes from and how it is split.")
     tracking: TrackingParams = Field(description="MLflow tracking.")
     evaluation: EvaluationParams = Field(description="The final evaluation of every method.")
+    compute: ComputeParams = Field(
+        description="Where corpus-wide generation and embedding run: in process (local) or on a Ray cluster."
+    )
     cogr: CoGRParams = Field(description="CoGR: query and item keyword generators co-trained by GRPO.")
     grape: GrapeParams = Field(description="GRAPE: a query rewriter trained by GRPO against a frozen retriever.")
     cohyde: CoHyDEParams = Field(description="CoHyDE: a HyDE rewriter and a dense encoder co-trained in rounds.")
@@ -711,6 +895,9 @@ def _describe(error: ValidationError, source: str) -> str:
             choices = [str(c) for c in typing.get_args(info.annotation)] if info is not None else []
             hint = close_matches(err["input"], choices) if choices else ""
             lines.append(f"  {key}: {err['input']!r} is not one of {' | '.join(choices) or err['msg']}{hint}")
+        elif err["type"] == "value_error" and isinstance(err.get("input"), Mapping):
+            # A section's own check (a model validator): its message names the knobs; no section dump.
+            lines.append(f"  {key}: {err['msg'].removeprefix('Value error, ')}")
         else:
             lines.append(f"  {key}: {err['msg']} (got {err.get('input')!r})")
     return "\n".join(lines)

@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from coevo.baselines import DEFAULT_ENCODER
 from coevo.config import Params
 from coevo.layout import Layout
 from coevo.methods.base import MONITOR_SPLIT, Method, method_class
+from coevo.retrieval.bm25 import BM25_B, BM25_K1
 from coevo.steps import code_hash, fingerprint, is_done, read_stamp, run_stamped, select, step_key
 
 STAGES: tuple[str, ...] = ("prepare", "validate", "train", "evaluate")
@@ -27,8 +29,22 @@ STEPS_DIR = Path(".coevo") / "steps"  # stamps of the steps that are not method 
 
 PREPARE_CODE = ("coevo.data", "coevo.io")
 VALIDATE_CODE = ("coevo.data.validation", "coevo.data.schema", "coevo.io")
-BASELINE_CODE = ("coevo.retrieval", "coevo.data.schema", "coevo.io")
-REPORT_CODE = ("coevo.report",)
+BASELINE_CODE = ("coevo.baselines", "coevo.retrieval", "coevo.stats", "coevo.models.encoder", "coevo.data.schema",
+                 "coevo.io")
+REPORT_CODE = ("coevo.report", "coevo.stats")
+
+# The reference retrievers of every final table (coevo.baselines), each with its one fixed
+# parameter set: Lucene BM25 over title + text with Anserini's defaults (k1 0.9, b 0.4, the
+# same values that rank CoGR's retrieved sets), and the offline MiniLM encoder with exact
+# faiss search. Both retrieve to the largest evaluation cut-off.
+BASELINES: dict[str, dict[str, Any]] = {
+    "bm25": {"k1": BM25_K1, "b": BM25_B, "document": "title + ' ' + text"},
+    "dense": {"encoder": DEFAULT_ENCODER, "document": "title: text"},
+}
+BASELINE_TITLES = {"bm25": "BM25", "dense": "dense"}
+# Per-query values a baseline keeps on the final split, for paired comparisons ("f1" is F1@k*).
+BASELINE_PER_QUERY: tuple[str, ...] = ("f1", "precision@1", "recall@1", "recall@5", "recall@10", "recall@100",
+                                       "ndcg@5", "ndcg@10")
 
 
 @dataclass(frozen=True)
@@ -98,7 +114,8 @@ class Pipeline:
             from coevo.data.loaders import load_source
 
             dataset = load_source(data.loader, data.source, seed=self.params.seed, val_fraction=data.val_fraction,
-                                  test_fraction=data.test_fraction, name=data.dataset)
+                                  test_fraction=data.test_fraction, name=data.dataset, min_grade=data.min_grade,
+                                  split_scheme=data.split_scheme, duplicates=data.duplicates)
             dataset.save(out)
             return {"dataset_dir": str(out), "fingerprint": fingerprint(out), "counts": dataset.metadata()["counts"]}
 
@@ -153,32 +170,54 @@ class Pipeline:
         return len(self.method_cls.declared(self.params).phases())
 
     # -------------------------------------------------------------- evaluate
-    def baseline(self, split: str) -> Step:
-        """Lucene BM25 over title + text on ``split``, scored with the project's metrics."""
-        key = step_key("bm25", {"split": split}, [self.data_fingerprint()], code_hash(BASELINE_CODE))
+    def _evaluation(self) -> dict[str, Any]:
+        ev = self.params.evaluation
+        return {"split": ev.split, "cutoffs": list(ev.cutoffs), "bootstrap": ev.bootstrap.model_dump(mode="json")}
 
-        def work() -> dict[str, Any]:
-            from coevo.retrieval.lucene import bm25_baseline
+    def baseline(self, name: str) -> Step:
+        """A reference retriever on val and the final split (``BASELINES``: Lucene BM25 or dense
+        MiniLM), k for F1@k chosen on val, per-query values kept on the final split.
 
-            metrics = bm25_baseline(self.method.dataset, split, 1000)
-            return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
-
-        return self._stamped(f"bm25-{split}", f"BM25 baseline ({split})", "evaluate", key, [], work,
+        Key: the data fingerprint, the baseline's settings (its fixed parameters, the splits,
+        the cut-offs, the bootstrap of its CIs, the per-query metrics kept) and the code it runs.
+        """
+        ev = self._evaluation()
+        settings = {"baseline": name, **BASELINES[name], "val_split": MONITOR_SPLIT, "split": ev["split"],
+                    "cutoffs": ev["cutoffs"], "bootstrap": ev["bootstrap"], "per_query": list(BASELINE_PER_QUERY)}
+        key = step_key(f"baseline:{name}", settings, [self.data_fingerprint()], code_hash(BASELINE_CODE))
+        return self._stamped(f"baseline-{name}", f"{BASELINE_TITLES[name]} baseline", "evaluate", key, [],
+                             lambda: baseline_result(self.method.dataset, name, ev["split"], ev["cutoffs"],
+                                                     ev["bootstrap"]),
                              scope=f"data/{self.layout.dataset}")
 
     def baseline_steps(self) -> list[Step]:
-        return [self.baseline(split) for split in dict.fromkeys((MONITOR_SPLIT, self.params.evaluation.split))]
+        return [self.baseline(name) for name in BASELINES]
+
+    @property
+    def columns(self) -> list[str]:
+        """The final table's metric columns: the method's headline, the baselines' F1@k*, NDCG@5/@10, R@10, then
+        the method's other metrics (``coevo.report.table_columns``)."""
+        from coevo.report import table_columns
+
+        return table_columns(self.method_cls.table_metrics)
 
     def final(self) -> Step:
+        """The method's start and chosen phase on the final split, read once; rows keep the
+        per-query values of the table columns (the paired comparisons resample them)."""
         method = self.method
         trained = [p.name for p in method.phases() if method.is_done(p.name)]
         if not trained:
             raise FileNotFoundError(f"{self.layout.run_dir}: no finished {self.name} phase; run the train stage first")
-        key = step_key(f"{self.name}:final", select(self._dump, ("evaluation",)), [method.key(p) for p in trained],
-                       method.code_hash)
+        ev = self._evaluation()
+        columns = self.columns
+        key = step_key(f"{self.name}:final", {"split": ev["split"], "cutoffs": ev["cutoffs"], "per_query": columns},
+                       [method.key(p) for p in trained], method.code_hash)
         split = self.params.evaluation.split
-        return self._stamped(f"{self.name}-final", f"final evaluation ({split})", "evaluate", key, [],
-                             lambda: method.final_evaluation(split))
+
+        def work() -> dict[str, Any]:
+            return keep_per_query(method.final_evaluation(split), columns)
+
+        return self._stamped(f"{self.name}-final", f"final evaluation ({split})", "evaluate", key, [], work)
 
     def export(self, final: Step) -> Step | None:
         """The method's exports for other tools (CoGR: Lucene), or None when it has none."""
@@ -189,19 +228,46 @@ class Pipeline:
                              self.method.code_hash), [out], lambda: self.method.exports(out, final.run()))
 
     def reports(self, final: Step, baselines: list[Step]) -> Step:
+        """metrics.json, plots and the final table with its paired comparisons (CIs, p-values).
+
+        Key: the final evaluation's and the baselines' keys, the bootstrap settings and the
+        code that builds the table and the reports. Returns {"files", "table"}.
+        """
         lay = self.layout
-        key = step_key(f"{self.name}:reports", {}, [final.key, *(b.key for b in baselines)],
+        ev = self._evaluation()
+        key = step_key(f"{self.name}:reports", {"bootstrap": ev["bootstrap"]}, [final.key, *(b.key for b in baselines)],
                        code_hash(REPORT_CODE + tuple(self.method.code)))
 
         def work() -> dict[str, Any]:
+            from coevo import report
+            from coevo.io import read_json, write_json
+
             lay.report_dir.mkdir(parents=True, exist_ok=True)
-            by_split = {b.name.split("-", 1)[1]: b.run() for b in baselines}
-            files = self.method.write_reports(lay.metrics_file, lay.plots_csv, lay.report_dir, final.run(),
-                                              {"bm25": by_split})
-            return {"files": files}
+            results = {b.name.split("-", 1)[1]: b.run() for b in baselines}
+            table = self.table(final.run(), results)
+            public = {**final.run(), "rows": [{k: v for k, v in r.items() if k != "per_query"}
+                                              for r in final.run()["rows"]]}
+            by_split = {name: {s: report.baseline_row(r, s) for s in r["splits"]} for name, r in results.items()}
+            files = self.method.write_reports(lay.metrics_file, lay.plots_csv, lay.report_dir, public, by_split)
+            written = read_json(lay.metrics_file)
+            written["evaluation"] = table  # n, split, cut-offs, baselines at k*, every comparison with its CI
+            write_json(lay.metrics_file, written)
+            return {"files": files, "table": table}
 
         return self._stamped(f"{self.name}-reports", "reports", "evaluate", key,
                              [lay.metrics_file, lay.plots_csv, lay.report_dir], work)
+
+    def table(self, final: dict[str, Any], baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The final table (``coevo.report.evaluation_table``) of the finished run."""
+        from coevo.report import evaluation_table, numbers
+
+        n_val = len(self.method.dataset.relevant(MONITOR_SPLIT))
+        val_rows = [{"label": r["label"], "phase": r["name"], "n_queries": int(r["eval"].get("n_queries", n_val)),
+                     "metrics": numbers(r["eval"])} for r in self.method.rows()]
+        ev = self._evaluation()
+        return evaluation_table(method=self.name, dataset=self.layout.dataset, columns=self.columns,
+                                val_rows=val_rows, final=final, baselines=baselines, bootstrap=ev["bootstrap"],
+                                cutoffs=ev["cutoffs"], val_split=MONITOR_SPLIT)
 
     def evaluate_steps(self) -> list[Step]:
         baselines = self.baseline_steps()
@@ -236,3 +302,45 @@ class Pipeline:
         from coevo.io import read_json
 
         return read_json(self.summary_path) if self.summary_path.exists() else None
+
+
+def baseline_result(dataset: Any, name: str, split: str, cutoffs: list[int], bootstrap: dict[str, Any]) -> dict[str, Any]:
+    """One baseline on val and ``split`` (one retrieval per split): k* chosen on val, every
+    metric's mean with its bootstrap CI per split, the per-query values of
+    ``BASELINE_PER_QUERY`` on ``split``."""
+    from coevo.baselines import baseline_table, bm25_runs, dense_runs
+
+    settings = BASELINES[name]
+    splits = list(dict.fromkeys((MONITOR_SPLIT, split)))
+    depth = max(cutoffs)
+    if name == "bm25":
+        runs = bm25_runs(dataset, splits, settings["k1"], settings["b"], depth)
+    else:
+        runs = dense_runs(dataset, splits, settings["encoder"], depth)
+    tables = {s: baseline_table(dataset, name, split=s, val_split=MONITOR_SPLIT, cutoffs=cutoffs, k=depth, runs=runs,
+                                resamples=bootstrap["resamples"], seed=bootstrap["seed"],
+                                confidence=bootstrap["confidence"],
+                                **({"k1": settings["k1"], "b": settings["b"]} if name == "bm25" else
+                                   {"encoder": settings["encoder"]}))
+              for s in splits}
+    final = tables[split]
+    values = final.evaluation.per_query
+    per_query = {m: values[m] for m in BASELINE_PER_QUERY if m in values}
+    per_query["f1"] = values[final.chosen_metric]
+    return {
+        "baseline": name, "label": final.label, "dataset": final.dataset, "params": final.params,
+        "chosen_k": final.chosen_k, "chosen_on": MONITOR_SPLIT,
+        "val_f1_at_k": {str(k): v for k, v in final.val_f1.items()},
+        "splits": {s: {k: v for k, v in t.as_dict().items() if k not in ("params", "chosen_k", "cutoffs")}
+                   for s, t in tables.items()},
+        "per_query": per_query, "per_query_split": split,
+    }
+
+
+def keep_per_query(final: dict[str, Any], metrics: list[str]) -> dict[str, Any]:
+    """The final evaluation with each row's per-query values cut to ``metrics``."""
+    rows = []
+    for row in final["rows"]:
+        values = row.get("per_query") or {}
+        rows.append({**row, "per_query": {m: values[m] for m in metrics if m in values}})
+    return {**final, "rows": rows}

@@ -14,15 +14,18 @@ from typing import Any
 
 from prefect import get_run_logger
 
-from coevo import progress
+from coevo import progress, report
 from coevo.config import load_params
+from coevo.lock import exclusive_run
 from coevo.io import write_json
 from coevo.pipeline import ALL, Pipeline, check_stage, wants
 from coevo.steps import fingerprint
-from tasks.steps import execute
+from tasks.registry import publish
+from tasks.steps import execute, fan_out
 from tasks.tracking import Tracker, check_reachable, git_commit
 
 
+@exclusive_run  # one run per run folder; the MLflow database created once (coevo.lock)
 def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
                  train: Any = None) -> dict[str, Any]:
     """Run ``stage`` of ``method``'s pipeline; ``train`` replaces the train stage (e.g. a GPU deployment)."""
@@ -53,32 +56,37 @@ def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Seque
 
 def evaluate(pipe: Pipeline) -> dict[str, Any]:
     steps = pipe.evaluate_steps()
-    results = {step.name: execute(step) for step in steps}
+    independent = {b.name for b in pipe.baseline_steps()}
+    # The baselines depend on the data only: with compute.backend=ray they run as Prefect tasks on
+    # Ray while the method's own steps run here; the last step (reports) reads them all.
+    with fan_out(pipe) as submit:
+        waiting = {step.name: submit(step) for step in steps if step.name in independent}
+        results = {}
+        for step in steps:
+            if step is steps[-1]:
+                results.update({name: wait() for name, wait in waiting.items()})
+            if step.name not in independent:
+                results[step.name] = execute(step)
     method, lay = pipe.method, pipe.layout
     final = results[f"{pipe.name}-final"]
-    baselines = {split: results[f"bm25-{split}"] for split in dict.fromkeys(("val", final["split"]))}
-    rows = [{"label": f"BM25 (val)", **baselines["val"]}]
-    rows += [{**{k: v for k, v in r.items() if k not in ("eval", "label")}, **r["eval"], "label": f"{r['label']} (val)"}
-             for r in method.rows()]
-    rows.append({"label": f"BM25 ({final['split']})", **baselines[final["split"]]})
-    rows += [{**r, "label": f"{r['label']} ({final['split']})"} for r in final["rows"]]
+    table = results[f"{pipe.name}-reports"]["table"]  # baselines at val-chosen k, the method, CIs of every delta
+    rows = table["rows"]
     with Tracker(uri=pipe.params.tracking.uri, artifact_root=pipe.params.tracking.artifact_root,
                  experiment=pipe.name) as tracker:
         tracker.log_params(pipe.params.flat())
         tracker.set_tags(_tags(pipe))
         for step_no, metrics in method.tracking_series():
             tracker.log_metrics(metrics, step=step_no)
-        for split, metrics in baselines.items():
-            tracker.log_metrics({f"bm25/{split}/{k}": v for k, v in metrics.items()})
-        for row in final["rows"]:
-            tracker.log_metrics({f"{final['split']}/{row['phase']}/{k}": v for k, v in row.items()
-                                 if isinstance(v, (int, float))})
+        tracker.log_metrics(report.tracking_metrics(table))
+        tracker.set_tags(report.table_tags(table))
         tracker.set_tags({"best_phase": final["best_phase"]})
         tracker.log_artifact(lay.metrics_file)
         tracker.log_artifact(lay.plots_csv, "plots")
         tracker.log_artifact(lay.report_dir, "report")
         tracker.log_artifact(lay.validation_dir, "data_validation")
-        out = summary(pipe, rows, tracker, best_phase=final["best_phase"])
+        registry = publish(pipe, tracker, table=table, final=final)  # MLflow model, challenger, champion gate
+        out = summary(pipe, rows, tracker, best_phase=final["best_phase"], table_metrics=table["columns"], registry=registry,
+                      evaluation={k: table[k] for k in ("split", "n_queries", "best_baseline", "comparisons")})
     write_json(pipe.summary_path, out)  # what the CLI prints when nothing needs to run
     return out
 

@@ -9,7 +9,11 @@ JSON documents (Prefect's JSON serializer, never pickle) under the project's
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +66,62 @@ def execute(step: Step) -> dict[str, Any]:
     result = state.result()  # raises the step's own exception on failure
     progress.finished(step.label, cached=done or state.name == "Cached")
     return result
+
+
+# ------------------------------------------------------------------------------ on Ray
+@task(cache_policy=StepKey(), persist_result=True, result_serializer="json",
+      retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=_retry_if_transient)
+def _remote_step(build: Callable[[], Step], key: str) -> dict[str, Any]:
+    """``_step`` for a Ray worker: the step is rebuilt where it runs (its closures hold the
+    pipeline and loaded models, which must not travel); same cache key, same result file."""
+    return build().run()
+
+
+@contextlib.contextmanager
+def fan_out(pipe: Any) -> Iterator[Callable[[Step], Callable[[], dict[str, Any]]]]:
+    """``submit(step) -> wait()`` for steps that depend on nothing still running.
+
+    With ``compute.backend: ray`` each submitted step is a Prefect task on Ray
+    (``prefect_ray.RayTaskRunner``: the configured cluster, $RAY_ADDRESS or a local instance)
+    and runs while the flow goes on; ``wait()`` returns its result. Cache key, result file
+    (``<project>/.prefect/results``), retries and progress lines are those of :func:`execute`,
+    so a step cached by one runner is a cache hit for the other. Otherwise ``submit`` runs the
+    step in place through :func:`execute`.
+    """
+    from coevo.compute import is_ray
+
+    if not is_ray(pipe.params.compute):
+        def run_here(step: Step) -> Callable[[], dict[str, Any]]:
+            result = execute(step)
+            return lambda: result
+
+        yield run_here
+        return
+    from prefect_ray import RayTaskRunner
+    from prefect_ray.context import remote_options
+
+    from coevo.compute import ray_init_args, rebuild_step
+
+    project = Path.cwd()
+    address, init_kwargs = ray_init_args(pipe.params.compute)
+    # Workers import tasks/ (a project folder, not an installed package) from the project root.
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(project), os.environ.get("PYTHONPATH", "")) if p)}
+    with RayTaskRunner(address=address, init_kwargs=init_kwargs) as runner, \
+            remote_options(num_cpus=1, runtime_env={"env_vars": env}):
+
+        def submit(step: Step) -> Callable[[], dict[str, Any]]:
+            progress.started(step.label)
+            done = step.done()
+            task_obj = _remote_step.with_options(name=step.name, task_run_name=step.name, refresh_cache=not done,
+                                                 result_storage=project / RESULTS_DIR)  # a Path: absolute
+            build = functools.partial(rebuild_step, pipe.name, pipe.params, str(project), step.name, step.key)
+            future = runner.submit(task_obj, parameters={"build": build, "key": step.key})
+
+            def wait() -> dict[str, Any]:
+                result = future.result()  # raises the step's own exception on failure
+                progress.finished(step.label, cached=done or future.state.name == "Cached")
+                return result
+
+            return wait
+
+        yield submit

@@ -3,6 +3,15 @@
 Logging is done from the flow body (not from cached tasks) so that a fully cached re-run
 still produces a complete MLflow run. Metric names are stable across methods:
 `eval/<metric>` and `train/<metric>` with `step` = phase index (0 = the SFT/start point).
+
+How the MLflow UI meets a user: every coevo experiment carries the experiment-type tag
+``mlflow.experimentKind = custom_model_development`` (MLflow 3's "model training" type: runs
+and metric charts rather than GenAI traces; MLflow 3.17's sidebar switch GenAI | Model
+training, which starts on GenAI in a fresh browser, overrides it: :data:`MODEL_TRAINING_VIEW`
+in a UI link selects Model training); runs are named
+``<method>-<dataset>-<stage or date>`` (:func:`run_name`) instead of MLflow's random names;
+each run's description (``mlflow.note.content``, :func:`run_description`) says which data
+set and generator it trained and holds the final table.
 """
 
 from __future__ import annotations
@@ -25,6 +34,12 @@ os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 MLFLOW_UI_PORT = 5000
+# MLflow 3's experiment-type tag; "custom_model_development" is the UI's "model training" type.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING = "custom_model_development"
+NOTE_TAG = "mlflow.note.content"  # the run's description in the UI (markdown)
+# The URL parameter that opens MLflow 3.17's UI on its "Model training" view (kept while navigating).
+MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 from coevo.checks import TrackingError, check_reachable  # noqa: E402,F401 - re-exported for the flows
 
@@ -74,20 +89,25 @@ class Tracker:
         self.uri = absolute_uri(uri)
         self.experiment = experiment
         self.run_name = run_name
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)  # the registry in the same store
         existing = self.client.get_experiment_by_name(experiment)
         if existing is None:
             location = (Path(artifact_root) / experiment).resolve().as_uri()
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location,
+                                                               tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
         else:
             self.experiment_id = existing.experiment_id
+            if existing.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:  # experiments made before the tag
+                self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         self.run_id: str | None = None
         self._mlflow = mlflow
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> "Tracker":
-        run = self.client.create_run(self.experiment_id, run_name=self.run_name)
+        name = self.run_name or run_name(self.experiment)
+        run = self.client.create_run(self.experiment_id, run_name=name)
         self.run_id = run.info.run_id
+        self.run_name = name
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -137,6 +157,15 @@ class Tracker:
             file.write_text(text, encoding="utf-8")
             self.client.log_artifact(self.run_id, str(file), artifact_path)
 
+    def rename(self, name: str) -> None:
+        """The run's name in the UI (``<method>-<dataset>-<stage or date>``, :func:`run_name`)."""
+        self.client.update_run(self.run_id, name=name)
+        self.run_name = name
+
+    def describe(self, markdown: str) -> None:
+        """The run's description in the UI (the ``mlflow.note.content`` tag; markdown)."""
+        self.client.set_tag(self.run_id, NOTE_TAG, markdown)
+
     # -- where to look -----------------------------------------------------------------------
     @property
     def artifact_uri(self) -> str:
@@ -152,3 +181,40 @@ def phase_metrics(record: Mapping[str, Any], prefixes: Iterable[str] = ("eval", 
     """Keep the `eval/...` and `train/...` numbers of a per-phase record."""
     keep = tuple(f"{p}/" for p in prefixes)
     return {k: float(v) for k, v in record.items() if k.startswith(keep) and _finite(v)}
+
+
+def run_name(method: str, dataset: str | None = None, stage: str | None = None, when: float | None = None) -> str:
+    """``<method>-<dataset>-<stage>`` for a single-stage run (DVC), else ``<method>-<dataset>-<UTC date>``."""
+    if stage and stage != "all":
+        tail = stage
+    else:
+        tail = time.strftime("%Y-%m-%d-%H%M%S", time.gmtime(time.time() if when is None else when))
+    return "-".join(p for p in (method, dataset, tail) if p)
+
+
+def _cell(value: Any) -> str:
+    if _finite(value):
+        return f"{value:.4f}" if isinstance(value, float) else str(value)
+    return str(value if value is not None else "").replace("|", "\\|")
+
+
+def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Iterable[str]) -> str:
+    """Rows as a markdown table: label, split, n and the metric columns (4 decimals)."""
+    rows, columns = list(rows), list(columns)
+    head = ["label"] + [c for c in ("split", "n_queries") if any(c in r for r in rows)] + columns
+    lines = ["| " + " | ".join("n" if h == "n_queries" else h for h in head) + " |",
+             "|" + "|".join("---" for _ in head) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(h, "")) for h in head) + " |")
+    return "\n".join(lines)
+
+
+def run_description(*, title: str, dataset: str, generator: str, rows: Iterable[Mapping[str, Any]] = (),
+                    columns: Iterable[str] = (), notes: Iterable[str] = ()) -> str:
+    """The run's description: what was trained on what, the final table, then any notes."""
+    parts = [f"**{title}** on data set `{dataset}` with generator `{generator}`."]
+    rows = list(rows)
+    if rows:
+        parts.append(markdown_table(rows, columns))
+    parts.extend(n for n in notes if n)
+    return "\n\n".join(parts)

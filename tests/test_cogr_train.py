@@ -112,14 +112,39 @@ def _stamp(run_dir: Path, name: str) -> dict:
     return json.loads((run_dir / "stamps" / f"{name}.json").read_text())
 
 
+@contextmanager
+def reward_calls() -> Iterator[list[dict]]:
+    """Record every GRPO reward call: side, completions, the truncation flags it got, the rewards."""
+    from coevo.rewards.cogr import ItemReward, QueryReward
+
+    calls: list[dict] = []
+
+    def spy(cls, side):
+        original = cls.__call__
+
+        def call(self, ids, completions, truncated=None):
+            out = original(self, ids, completions, truncated=truncated)
+            calls.append({"side": side, "completions": list(completions), "truncated": truncated, "rewards": out})
+            return out
+
+        return call
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(QueryReward, "__call__", spy(QueryReward, "query"))
+        mp.setattr(ItemReward, "__call__", spy(ItemReward, "item"))
+        yield calls
+
+
 @pytest.fixture(scope="module")
 def full_run(toy_dataset, tmp_path_factory):
-    """One uninterrupted run (seed, SFT, a query and an item GRPO phase), with the splits it read."""
+    """One uninterrupted run (seed, SFT, a query and an item GRPO phase), with the splits it read
+    and the GRPO reward calls (``run.reward_calls``)."""
     torch.set_num_threads(1)
     folder = tmp_path_factory.mktemp("cogr") / "full"
-    with splits_read() as asked:
+    with splits_read() as asked, reward_calls() as calls:
         run = CoGR(folder, _params(), toy_dataset, progress=False)
         rows = run.run()
+    run.reward_calls = calls
     return run, rows, list(asked)
 
 
@@ -189,6 +214,33 @@ def test_sft_and_one_round(full_run):
     assert sft_item.read_bytes() == q_item.read_bytes()
     state = run.early_stop()
     assert state is not None and state.metric == "f1" and len(run._monitored_records()) == 3
+
+
+@pytest.mark.slow
+def test_grpo_rewards_get_truncation_from_trl_token_ids(full_run):
+    """Issue 11 (K_max): every GRPO reward call gets one truncation flag per completion, read
+    from TRL's completion token ids (not guessed from the text), and a cut completion gets -1,
+    never a parsed partial list. The toy budget (8 tokens) cuts most completions."""
+    run, rows, _ = full_run
+    calls = run.reward_calls
+    assert {c["side"] for c in calls} == {"query", "item"}
+    for call in calls:
+        flags = call["truncated"]
+        assert flags is not None and len(flags) == len(call["completions"]) == len(call["rewards"])
+        assert all(r == -1.0 for r, cut in zip(call["rewards"], flags) if cut)
+    assert any(any(c["truncated"]) for c in calls)
+    for row in rows[1:]:
+        assert row["train"]["kmax_budget_tokens"] > run.cfg.grpo.max_completion_length  # the toy budget is short
+
+
+def test_truncation_flags_follow_trl_rule():
+    """Cut = the last sampled token is neither an end of sequence nor padding (TRL's rule)."""
+    from types import SimpleNamespace
+
+    tokenizer = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    generator = SimpleNamespace(tokenizer=tokenizer, model=SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7])))
+    flags = cogr_module.truncation_flags(generator, max_tokens=4)
+    assert flags([[5, 6, 2], [5, 6, 7], [5, 6, 8, 9], [0], []], ["", "", "", "", ""]) == [False, False, True, False, False]
 
 
 @pytest.mark.slow

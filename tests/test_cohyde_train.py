@@ -114,6 +114,15 @@ def _params(*extra: str):
     return load_params(REPO_ROOT / "params.yaml", ["seed=0", *extra])
 
 
+# A random tiny rewriter only writes text after a real warm-up: full fine-tuning at a
+# high learning rate (LoRA at 2e-4 leaves its greedy outputs empty).
+TINY_ROUND = (
+    "cohyde.generator=tiny", "cohyde.rounds=1", "cohyde.max_new_tokens=16", "cohyde.lora.enabled=false",
+    "cohyde.warmup.learning_rate=3e-3", "cohyde.warmup.epochs=2", "cohyde.warmup.batch_size=16",
+    "cohyde.encoder_training.batch_size=8", "cohyde.dpo.learning_rate=1e-3",
+)
+
+
 @pytest.mark.slow
 def test_one_tiny_round_end_to_end(tmp_path):
     from coevo.methods.cohyde import HYDE, RAW, S1A, CoHyDE, rewriter_messages
@@ -123,13 +132,7 @@ def test_one_tiny_round_end_to_end(tmp_path):
     data = Dataset.load(dataset_dir)
     n_val, n_test = len(data.relevant("val")), len(data.relevant("test"))
     assert n_val == n_test == 6
-    # A random tiny rewriter only writes text after a real warm-up: full fine-tuning at a
-    # high learning rate (LoRA at 2e-4 leaves its greedy outputs empty).
-    params = _params(
-        "cohyde.generator=tiny", "cohyde.rounds=1", "cohyde.max_new_tokens=16", "cohyde.lora.enabled=false",
-        "cohyde.warmup.learning_rate=3e-3", "cohyde.warmup.epochs=2", "cohyde.warmup.batch_size=16",
-        "cohyde.encoder_training.batch_size=8", "cohyde.dpo.learning_rate=1e-3",
-    )
+    params = _params(*TINY_ROUND)
     cfg = params.cohyde
     with splits_read() as asked:
         run = CoHyDE(tmp_path / "run", params, dataset_dir)
@@ -206,6 +209,20 @@ def test_one_tiny_round_end_to_end(tmp_path):
         assert {"G1", "G2", "G3", "overall"} <= set(row["groups"])
     # nothing of the test split is stored in the run folder
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} == stamps
+
+    # The paper's ablations pair the round's artifacts with the vanilla ones (no retraining:
+    # the round's files are reused; only the evaluation pairs differently).
+    co = run.evaluate("round_1", store=False)
+    assert (co["encoder"], co["rewriter"]) == ("round_1", "round_1")
+    assert co["splits"]["val"] == json.loads((folder / "eval" / "round_1.json").read_text())["splits"]["val"]
+    for pairing, encoder, rewriter in (("trained_rewriter_s1a_encoder", S1A, "round_1"),
+                                       ("vanilla_rewriter_co_trained_encoder", "round_1", HYDE)):
+        ablation = CoHyDE(folder, _params(*TINY_ROUND, f"cohyde.eval_pairing={pairing}"), dataset_dir)
+        result = ablation.evaluate("round_1", store=False)
+        assert (result["encoder"], result["rewriter"]) == (encoder, rewriter)
+        assert not ablation.is_done("round_1")  # the pairing is part of the round's key
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} == stamps
+
 
 
 def test_no_val_query_with_a_relevant_tool_fails_at_the_first_phase(tmp_path):

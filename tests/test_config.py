@@ -35,8 +35,9 @@ OLD_DEMO_OVERRIDES = (
     "cogr.grpo.num_generations=4",
     "cogr.grpo.batch_size=8",
     "cogr.grpo.max_prompts_per_phase=4",
-    "cogr.grpo.max_completion_length=32",
-    "cogr.sampling.max_new_tokens=32",
+    # 32 until the K_max fix: a cut keyword list now gets -1, so the demo budget became 48
+    "cogr.grpo.max_completion_length=48",
+    "cogr.sampling.max_new_tokens=48",
 )
 
 
@@ -253,7 +254,7 @@ def test_cohyde_metric_names_are_what_its_evaluation_produces():
     [
         ("cogr.grpo.trl.loss_typ=dapo", r"cogr.grpo.trl.loss_typ: not a field of trl.GRPOConfig \(did you mean: loss_type\?\)"),
         ("cogr.grpo.trl.learning_rate=1.0e-3", "cogr.grpo.trl.learning_rate: coevo sets GRPOConfig.learning_rate itself; use cogr.grpo.learning_rate"),
-        ("cogr.grpo.trl.num_train_epochs=2", "use cogr.grpo.epochs_per_side"),
+        ("cogr.grpo.trl.num_train_epochs=2", "use cogr.grpo.query_epochs / cogr.grpo.item_epochs"),
         ("grape.grpo.trl.max_steps=2", "use grape.grpo.steps"),
         ("grape.grpo.trl.temperature=0.5", "use grape.sampling.temperature"),
         ("cohyde.dpo.trl.beta=0.5", "cohyde.dpo.trl.beta: coevo sets DPOConfig.beta itself; use cohyde.dpo_beta"),

@@ -112,8 +112,13 @@ def test_beir_fixture():
         "q1": "train", "q2": "val", "q3": "test", "q4": "train", "q5": "train",
     }
     assert ds.meta["unjudged_queries_dropped"] == 1
-    assert ds.items.set_index("item_id").loc["d3", "title"].startswith("Regular exercise lowers")
+    # An untitled document is titled by its id, never by the start of its text (BM25 would
+    # count those words twice); its text is kept as is.
+    d3 = ds.items.set_index("item_id").loc["d3"]
+    assert d3["title"] == "d3" and d3["text"].startswith("Regular exercise lowers")
+    assert ds.meta["untitled_docs"] == 1
     assert ds.grades == (0, 1, 2)
+    assert ds.meta["duplicates"] == {} and ds.meta["split"] == "from source"
 
 
 def test_image_captions(tmp_path):
@@ -238,17 +243,117 @@ def test_comma_separated_wands_file_hints_at_tabs(tmp_path):
 
 
 def test_duplicate_ids(tmp_path):
+    """A repeated row is a duplicate: dropped and reported (count, first examples naming file and
+    row), or refused with duplicates="error". The same id with other content is always an error."""
     wands = copy_of(FIXTURES / "wands", tmp_path)
     product = wands / "product.csv"
     lines = product.read_text().splitlines()
     product.write_text("\n".join(lines + [lines[3]]) + "\n")
-    with pytest.raises(ValueError, match=r"product\.csv: row 14: duplicate product_id '2' \(first at row 4\)"):
+    ds = load_source("wands", wands)
+    assert len(ds.items) == 12
+    assert ds.meta["duplicates"] == {"products": {"count": 1, "examples": [
+        "product.csv: row 14: duplicate product_id '2' (first at row 4)"]}}
+    with pytest.raises(ValueError, match=r"duplicates = error\): 1 products \(first: product\.csv: row 14: "
+                                         r"duplicate product_id '2' \(first at row 4\)\)"):
+        load_source("wands", wands, duplicates="error")
+    product.write_text("\n".join(lines + [lines[3].replace("\t", "\tchanged ", 1)]) + "\n")
+    with pytest.raises(ValueError, match=r"product\.csv: row 14: duplicate product_id '2' \(first at row 4\) with different"):
         load_source("wands", wands)
     beir = copy_of(FIXTURES / "beir", tmp_path)
     with (beir / "queries.jsonl").open("a") as f:
         f.write('{"_id": "q2", "text": "again"}\n')
     with pytest.raises(ValueError, match=r"queries\.jsonl: line 7: duplicate _id 'q2'"):
         load_source("beir", beir)
+
+
+def _val_ids(ds) -> list[str]:
+    return sorted(ds.queries.loc[ds.queries["split"] == "val", "query_id"])
+
+
+def test_beir_duplicates_are_reported_and_val_is_carved_from_train(tmp_path):
+    """Issue 11 item 6: a BEIR set without dev qrels gets a seeded val carved from train
+    (val_fraction honoured); repeated judgements and documents are reported, not dropped
+    without a word; the highest score of a repeated judgement is kept."""
+    beir = copy_of(FIXTURES / "beir", tmp_path)
+    (beir / "qrels" / "dev.tsv").unlink()
+    corpus = (beir / "corpus.jsonl").read_text().splitlines()
+    queries = [f'{{"_id": "t{n}", "text": "training question number {n}"}}' for n in range(20)]
+    (beir / "queries.jsonl").write_text((beir / "queries.jsonl").read_text() + "\n".join(queries) + "\n")
+    (beir / "corpus.jsonl").write_text("\n".join(corpus + [corpus[0]]) + "\n")
+    train = (beir / "qrels" / "train.tsv").read_text() + "".join(f"t{n}\td{1 + n % 6}\t1\n" for n in range(20))
+    (beir / "qrels" / "train.tsv").write_text(train + "q1\td1\t2\nq1\td1\t1\n")
+    ds = load_source("beir", beir, val_fraction=0.2, seed=3)
+    split = dict(zip(ds.queries["query_id"], ds.queries["split"]))
+    assert split["q3"] == "test" and "q2" not in split  # q2 was judged only in the removed dev file
+    val = sorted(q for q, s in split.items() if s == "val")
+    assert len(val) == round(0.2 * 22)  # of the 22 train queries with a relevant document (q5 has none)
+    assert "carved from train" in ds.meta["split"]
+    assert val == _val_ids(load_source("beir", beir, val_fraction=0.2, seed=3))  # seeded
+    assert val != _val_ids(load_source("beir", beir, val_fraction=0.2, seed=4))
+    dups = ds.meta["duplicates"]
+    assert dups["judgements"]["count"] == 2 and dups["documents"]["count"] == 1
+    assert dups["judgements"]["examples"][0].startswith("train.tsv: row 27: ('q1', 'd1') judged again (first at train.tsv row 2")
+    assert dups["documents"]["examples"] == ["corpus.jsonl: line 7: _id 'd1' again (first at line 1)"]
+    assert ds.relevant()["q1"]["d1"] == 2 and len(ds.qrels) == len(ds.qrels.drop_duplicates(["query_id", "item_id"]))
+    with pytest.raises(ValueError, match=r"2 judgements \(first: train\.tsv: row 27"):
+        load_source("beir", beir, duplicates="error")
+    # val_fraction 0 carves nothing (the methods then refuse to train without val, naming it).
+    assert "val" not in set(load_source("beir", beir, val_fraction=0.0).queries["split"])
+
+
+def test_metatool_duplicate_pairs_are_reported(tmp_path):
+    mt = copy_of(SAMPLE_DIR / "metatool", tmp_path)
+    csv_path = mt / "all_clean_data.csv"
+    lines = csv_path.read_text().splitlines()
+    csv_path.write_text("\n".join(lines + [lines[1], lines[2]]) + "\n")
+    ds = load_source("metatool", mt)
+    assert ds.meta["duplicates"]["query-tool pairs"]["count"] == 2
+    assert ds.meta["duplicates"]["query-tool pairs"]["examples"][0].startswith(f"all_clean_data.csv: row {len(lines) + 1}:")
+    assert len(ds.qrels) == len(load_source("metatool", SAMPLE_DIR / "metatool").qrels)
+    with pytest.raises(ValueError, match="2 query-tool pairs"):
+        load_source("metatool", mt, duplicates="error")
+
+
+def _wands_like(root: Path, n_queries: int = 60) -> Path:
+    """A WANDS-format folder with enough queries for the paper split (every query: one Exact
+    and one Partial product)."""
+    root.mkdir(parents=True)
+    header = "product_id\tproduct_name\tproduct_class\tcategory_hierarchy\tproduct_description\tproduct_features\trating_count\taverage_rating\treview_count"
+    products = [header] + [f"{i}\tthing {i}\tThings\tA / B\tdescription {i}\tcolor:red\t1\t4.0\t1" for i in range(2 * n_queries)]
+    (root / "product.csv").write_text("\n".join(products) + "\n")
+    (root / "query.csv").write_text("query_id\tquery\tquery_class\n" + "".join(f"{q}\tquery {q}\tThings\n" for q in range(n_queries)))
+    labels = ["id\tquery_id\tproduct_id\tlabel"]
+    for q in range(n_queries):
+        labels += [f"{2 * q}\t{q}\t{2 * q}\tExact", f"{2 * q + 1}\t{q}\t{2 * q + 1}\tPartial"]
+    (root / "label.csv").write_text("\n".join(labels) + "\n")
+    return root
+
+
+def test_wands_relevance_threshold_and_paper_split(tmp_path):
+    """data.min_grade: Partial (1) stays relevant at 1 and becomes 0 at 2 (Exact only), grades
+    kept for NDCG. data.split_scheme=wands_430_50: 50 seeded test queries, the rest train with
+    val_fraction of them held out as val."""
+    src = _wands_like(tmp_path / "wands")
+    exact_only = load_source("wands", src, min_grade=2)
+    assert dict(exact_only.qrels["grade"].value_counts()) == {2: 60, 0: 60}
+    assert all(set(r.values()) == {2} for r in exact_only.relevant().values())
+    assert exact_only.meta["min_grade"] == 2
+    both = load_source("wands", src)
+    assert dict(both.qrels["grade"].value_counts()) == {2: 60, 1: 60}
+    paper = load_source("wands", src, split_scheme="wands_430_50", val_fraction=0.1, seed=5)
+    counts = paper.queries["split"].value_counts().to_dict()
+    assert counts == {"test": 50, "train": 9, "val": 1}
+    again = load_source("wands", src, split_scheme="wands_430_50", val_fraction=0.1, seed=5)
+    assert paper.queries["split"].tolist() == again.queries["split"].tolist()
+    other = load_source("wands", src, split_scheme="wands_430_50", val_fraction=0.1, seed=6)
+    assert paper.queries["split"].tolist() != other.queries["split"].tolist()
+    assert "wands_430_50" in paper.meta["split"]
+    with pytest.raises(ValueError, match="needs more than 50 queries"):
+        load_source("wands", FIXTURES / "wands", split_scheme="wands_430_50")
+    with pytest.raises(ValueError, match="WANDS paper split; the loader is 'metatool'"):
+        load_source("metatool", SAMPLE_DIR / "metatool", split_scheme="wands_430_50")
+    with pytest.raises(ValueError, match=r"no judgement has a grade >= 3 \(data.min_grade\)"):
+        load_source("wands", src, min_grade=3)
 
 
 def test_empty_text(tmp_path):
@@ -357,6 +462,10 @@ def test_image_caption_errors(tmp_path):
     with pytest.raises(ValueError, match=r"captions\.tsv: row 2: split 'holdout' is not one of train, val, test"):
         load_source("image_captions", src)
     fixed = tsv.read_text().replace("holdout", "train")
-    tsv.write_text(fixed + fixed.splitlines()[1] + "\n")
+    tsv.write_text(fixed + fixed.splitlines()[1] + "\n")  # the same caption row again: a duplicate
+    assert load_source("image_captions", src).meta["duplicates"]["captions"]["count"] == 1
     with pytest.raises(ValueError, match=r"row 26: duplicate caption '1000_abc\.jpg#en#0'"):
+        load_source("image_captions", src, duplicates="error")
+    tsv.write_text(fixed + fixed.splitlines()[1].replace("runs", "sleeps") + "\n")  # same id, another text
+    with pytest.raises(ValueError, match=r"row 26: duplicate caption '1000_abc\.jpg#en#0' .* with another text"):
         load_source("image_captions", src)

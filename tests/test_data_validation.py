@@ -34,7 +34,7 @@ def failure(report, table: str, column: str, expectation: str):
 def test_sample_is_valid(sample, tmp_path):
     report = validate(sample, tmp_path / "report.json")
     assert report.ok, report.message()
-    assert len(report.checks) == 21
+    assert len(report.checks) == 22
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["ok"] is True and data["n_failures"] == 0
     assert "PASSED" in (tmp_path / "report.md").read_text()

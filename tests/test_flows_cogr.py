@@ -52,9 +52,12 @@ def project(finished, tmp_path, chdir) -> Path:
 def test_full_run_logs_every_phase_to_mlflow(finished, chdir):
     root, summary = finished
     chdir(root)
-    labels = [r["label"] for r in summary["rows"]]
-    assert labels == ["BM25 (val)", "SFT (val)", "round 1 query GRPO (val)", "round 1 item GRPO (val)",
-                      "BM25 (test)", "SFT start (test)", f"best phase {summary['best_phase']} (test)"]
+    labels = [r["label"] for r in summary["rows"] if r["kind"] != "baseline"]
+    assert labels == ["SFT (val)", "round 1 query GRPO (val)", "round 1 item GRPO (val)", "SFT start (test)",
+                      f"best phase {summary['best_phase']} (test)"]
+    assert [(r["baseline"], r["split"]) for r in summary["rows"] if r["kind"] == "baseline"] == [
+        ("bm25", "val"), ("dense", "val"), ("bm25", "test"), ("dense", "test")]
+    assert {d["name"] for d in summary["rows"][-1]["differences"]} == {"vs start", "vs best baseline"}
     assert summary["steps"] == {"executed": 11, "cached": 0}
 
     from mlflow.tracking import MlflowClient
@@ -119,7 +122,7 @@ def test_lost_phase_resumes_there_and_reuses_the_rest(project: Path):
 
 def test_changed_grpo_param_reruns_only_the_grpo_phases(project: Path):
     states = task_states(run(overrides=["cogr.grpo.learning_rate=1e-4"])["flow_run_id"])
-    for name in ("prepare-data", "validate-data", "cogr-seed", "cogr-00_sft", "bm25-val", "bm25-test"):
+    for name in ("prepare-data", "validate-data", "cogr-seed", "cogr-00_sft", "baseline-bm25", "baseline-dense"):
         assert states[(name, "Cached")] == 1, (name, states)
     for name in ("cogr-01_query", "cogr-02_item", "cogr-final", "cogr-reports"):
         assert states[(name, "Completed")] == 1, (name, states)

@@ -3,8 +3,9 @@
 - ``coevo/`` never imports the top-level ``tasks`` or ``flows`` folders (no cycle
   coevo -> flows -> tasks -> coevo; flows find the library, not the other way round);
 - ``coevo/models`` never imports ``coevo.train`` (train builds on models);
-- ``coevo/`` imports ``prefect`` and ``mlflow`` only under ``coevo/cli/`` (the library is pure
-  logic; orchestration and tracking live in tasks/ and flows/);
+- ``coevo/`` imports ``prefect`` only under ``coevo/cli/``, and ``mlflow`` only under
+  ``coevo/cli/`` and ``coevo/serving/`` (the MLflow pyfunc model *is* the serving interface);
+  the rest of the library is pure logic; orchestration and tracking live in tasks/ and flows/;
 - only ``coevo*`` packages are installed (no bare ``tasks`` / ``flows`` in site-packages).
 
 Relative imports are resolved, ``from coevo import train`` counts as importing ``coevo.train``,
@@ -127,9 +128,11 @@ def test_models_never_import_train():
 
 
 def test_prefect_and_mlflow_only_in_the_cli():
-    cli = _under("coevo/cli")
-    found = violations("prefect and mlflow only under coevo/cli/",
-                       lambda p: _under("coevo")(p) and not cli(p), lambda m: _is(m, "prefect", "mlflow"))
+    cli, serving = _under("coevo/cli"), _under("coevo/serving")
+    found = violations("prefect only under coevo/cli/", lambda p: _under("coevo")(p) and not cli(p),
+                       lambda m: _is(m, "prefect"))
+    found += violations("mlflow only under coevo/cli/ and coevo/serving/",
+                        lambda p: _under("coevo")(p) and not cli(p) and not serving(p), lambda m: _is(m, "mlflow"))
     assert not found, "\n".join(found)
 
 

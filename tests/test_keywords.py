@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from coevo.retrieval.keywords import ParsedKeywords, normalize_keyword, parse_keywords
@@ -97,4 +97,66 @@ _KEYWORD = st.from_regex(r"[a-z][a-z0-9]{0,6}( [a-z0-9]{1,5}){0,2}", fullmatch=T
 def test_parse_round_trips_a_comma_list(keywords: list[str]) -> None:
     parsed = parse_keywords(", ".join(keywords))
     assert parsed.ok
+    assert parsed.keywords == tuple(dict.fromkeys(keywords))
+
+
+# -- strict mode: the rule the CoGR rewards use (anything refused here gets reward -1) ---------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("family tree, genealogy, ancestry", ("family tree", "genealogy", "ancestry")),
+        ("Keywords: Family Tree, genealogy", ("family tree", "genealogy")),
+        ("weather, forecast, temperature.", ("weather", "forecast", "temperature")),
+        ("1. weather\n2. forecast", ("weather", "forecast")),
+        ("- flights\n- hotels", ("flights", "hotels")),
+        ("```\npdf, ocr\n```", ("pdf", "ocr")),
+        ("<think>\n\n</think>\n\nflight, hotel", ("flight", "hotel")),
+        ("u.s. history, c#, node.js", ("u.s. history", "c#", "node.js")),
+        ("i 95, traffic, ok google", ("i 95", "traffic", "ok google")),
+    ],
+)
+def test_strict_parse_accepts_plain_keyword_lists(text: str, expected: tuple[str, ...]) -> None:
+    assert parse_keywords(text, strict=True) == ParsedKeywords(expected, True, None)
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("Sure! Here is my explanation", "chat preamble"),
+        ("Sure! Here are the keywords: a, b, c", "chat preamble"),
+        ("Certainly, weather, forecast", "chat preamble"),
+        ("Here are the keywords: pdf, ocr", "chat preamble"),
+        ("I'd suggest: pdf, ocr", "chat preamble"),
+        ("a, b, c. These keywords capture the intent of the query.", "prose"),
+        ("a, b\n\nExplanation: these cover the main topics of the item", "prose"),
+        ("a, b, and here is a long sentence that explains the list", "prose"),
+        ("This item is a tool that helps people to find things online.", "prose"),
+        ("<think>the user wants a weather tool so", "unfinished <think>"),
+        ("", "empty"),
+    ],
+)
+def test_strict_parse_refuses_what_is_not_a_keyword_list(text: str, reason: str) -> None:
+    parsed = parse_keywords(text, strict=True)
+    assert parsed.ok is False and parsed.keywords == ()
+    assert reason in parsed.error
+
+
+def test_tolerant_parse_drops_a_chat_preamble() -> None:
+    """Indexing reads the same outputs kindly: the preamble goes, the list stays; prose alone
+    is no list ("Sure! Here is my explanation" was once parsed as the keyword "sure")."""
+    assert parse_keywords("Sure! Here are the keywords: a, b").keywords == ("a", "b")
+    assert parse_keywords("Certainly, weather, forecast").keywords == ("weather", "forecast")
+    assert parse_keywords("Sure! Here is my explanation").ok is False
+
+
+_CHAT_WORDS = {"sure", "certainly", "okay", "ok", "absolutely", "alright", "great", "hello", "hi", "yes", "below", "as"}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_KEYWORD, min_size=1, max_size=12))
+def test_strict_parse_round_trips_a_comma_list(keywords: list[str]) -> None:
+    # A list that opens with a chat opener ("sure, ...", "ok, ...") is a preamble by design.
+    assume(keywords[0].split()[0] not in _CHAT_WORDS)
+    parsed = parse_keywords(", ".join(keywords), strict=True)
+    assert parsed.ok, parsed.error
     assert parsed.keywords == tuple(dict.fromkeys(keywords))

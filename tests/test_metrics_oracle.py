@@ -19,10 +19,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-ir_measures = pytest.importorskip("ir_measures")
-pytest.importorskip("pytrec_eval")
-
-from ir_measures import RR, R, P, SetF, SetP, SetR, nDCG  # noqa: E402
+import ir_measures  # test dependencies (pyproject's `test` extra): the oracle must run, never skip
+import pytrec_eval  # noqa: F401 - the backend ir_measures compares against
+from ir_measures import RR, R, P, SetF, SetP, SetR, nDCG
 
 from coevo.retrieval.metrics import DEFAULT_CUTOFFS, ranked_evaluation, ranked_metrics, set_metrics  # noqa: E402
 

@@ -89,3 +89,16 @@ def test_metrics_table_best_of_ties_and_missing_values():
     assert _cells(ties, "f1") == [("0.2000", False), ("0.5000", True), ("0.5000", True), ("-", False)]
     empty = report.metrics_table([{"label": "x", "f1": None}], ("f1",))
     assert _cells(empty, "f1") == [("-", False)]  # nothing to mark
+
+
+def test_metrics_table_says_split_and_n_and_marks_the_best_within_each_split():
+    rows = [{"label": "BM25 (val)", "split": "val", "n_queries": 51, "f1": 0.6},
+            {"label": "SFT (val)", "split": "val", "n_queries": 51, "f1": 0.3},
+            {"label": "BM25 (test)", "split": "test", "n_queries": 49, "f1": 0.4},
+            {"label": "best (test)", "split": "test", "n_queries": 49, "f1": 0.5}]
+    table = report.metrics_table(rows, ("f1",))
+    assert [c.header for c in table.columns] == ["label", "split", "n", "f1"]
+    assert _cells(table, "n") == [("51", False), ("51", False), ("49", False), ("49", False)]
+    # val and test figures are never compared with each other: one mark per split.
+    assert _cells(table, "f1") == [("0.6000", True), ("0.3000", False), ("0.4000", False), ("0.5000", True)]
+    assert table.caption is None  # no baseline rows, no comparisons: nothing to explain

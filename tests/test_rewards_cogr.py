@@ -133,8 +133,11 @@ def test_incremental_item_reward_equals_naive_rebuild(instance, strategy, min_gr
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(instances())
-def test_global_mode_is_macro_f1_change(instance) -> None:
+@given(instances(), st.lists(st.booleans(), min_size=6, max_size=6))
+def test_global_mode_rewards_the_joint_index(instance, invalid) -> None:
+    """mode="global": rollout j of every batch item is swapped in together; each gets the macro
+    train F1 of that joint index (rebuilt from scratch here); an invalid rollout gets -1 and its
+    item keeps its reference set."""
     query_keywords, item_keywords, qrels, batch = instance
     evaluated = [q for q in query_keywords if any(g > 0 for g in qrels.get(q, {}).values())]
     if not evaluated:
@@ -142,11 +145,70 @@ def test_global_mode_is_macro_f1_change(instance) -> None:
             ItemReward(query_keywords, item_keywords, qrels, k_max=30, mode="global")
         return
     reward = ItemReward(query_keywords, item_keywords, qrels, k_max=30, mode="global")
-    for (item, cand), value in zip(batch, reward.score_keywords([b[0] for b in batch], [b[1] for b in batch]), strict=True):
-        before = pure_python_f1s(query_keywords, item_keywords, qrels)
-        after = pure_python_f1s(query_keywords, {**item_keywords, item: cand}, qrels)
-        macro_change = sum(after[q] for q in evaluated) / len(evaluated) - sum(before[q] for q in evaluated) / len(evaluated)
-        assert value == pytest.approx(macro_change, abs=1e-9)
+    sets = [None if bad else cand for (_, cand), bad in zip(batch, invalid)]
+    got = reward.score_keywords([item for item, _ in batch], sets)
+    joint, seen = [], {}
+    for item, _ in batch:
+        joint.append(seen.get(item, 0))
+        seen[item] = joint[-1] + 1
+    for row, ((item, _), cand) in enumerate(zip(batch, sets, strict=True)):
+        if cand is None:
+            assert got[row] == INVALID_REWARD
+            continue
+        swapped = {i: c for (i, _), c, j in zip(batch, sets, joint) if j == joint[row] and c is not None}
+        f1 = pure_python_f1s(query_keywords, {**item_keywords, **swapped}, qrels)
+        assert got[row] == pytest.approx(sum(f1[q] for q in evaluated) / len(evaluated), abs=1e-9)
+
+
+def _advantages(rewards: list[float]) -> list[float]:
+    """GRPO's group-normalised advantages (r - mean) / std of one group."""
+    mean = sum(rewards) / len(rewards)
+    std = (sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1)) ** 0.5
+    return [(r - mean) / std if std else 0.0 for r in rewards]
+
+
+def test_global_reward_entangles_credit_and_is_not_a_rescaled_marginal() -> None:
+    """Item A's rollout 0 finds its query, rollout 1 finds nothing; item B's rollout 1 finds
+    two of its queries. Marginal credit rewards A's rollout 0; the global ablation credits A
+    with what B sampled at the same position, so A's group is ranked the other way round and
+    its GRPO advantages change sign: no positive affine map of the marginal reward does that."""
+    queries = {"q1": ["x"], "q2": ["y"], "q3": ["v"]}
+    items = {"A": ["unused"], "B": ["unused too"]}
+    qrels = {"q1": {"A": 1}, "q2": {"B": 1}, "q3": {"B": 1}}
+    batch_items = ["A", "A", "B", "B"]
+    batch = ["x", "z", "w", "y, v"]
+    marginal = ItemReward(queries, items, qrels, k_max=5)(batch_items, batch)
+    glob = ItemReward(queries, items, qrels, k_max=5, mode="global")(batch_items, batch)
+    assert marginal == pytest.approx([1.0, 0.0, 0.0, 2.0])
+    assert glob == pytest.approx([1 / 3, 2 / 3, 1 / 3, 2 / 3])  # joint 0: q1 found; joint 1: q2 and q3
+    assert _advantages(marginal[:2]) == pytest.approx([-a for a in _advantages(glob[:2])])
+    # Entangled: A's rewards move when only B's samples change; the marginal ones do not.
+    other = ["x", "z", "y, v", "w"]
+    assert ItemReward(queries, items, qrels, k_max=5)(batch_items, other)[:2] == marginal[:2]
+    assert ItemReward(queries, items, qrels, k_max=5, mode="global")(batch_items, other)[:2] == pytest.approx([1.0, 0.0])
+    # With three rollouts per item no affine map at all fits global = a * marginal + b.
+    three_items, three = ["A", "A", "A", "B", "B", "B"], ["x", "z", "x", "w", "y, v", "y, v"]
+    m = ItemReward(queries, items, qrels, k_max=5)(three_items, three)[:3]
+    g = ItemReward(queries, items, qrels, k_max=5, mode="global")(three_items, three)[:3]
+    import numpy as np
+
+    design = np.column_stack([m, np.ones(3)])
+    _, residual, *_ = np.linalg.lstsq(design, np.asarray(g), rcond=None)
+    assert residual.size and residual[0] > 1e-3
+
+
+def test_truncated_and_non_list_completions_get_minus_one() -> None:
+    """Cut by the token limit, prose, or a chat preamble: -1 on both sides; plain lists score."""
+    query = QueryReward(InvertedIndex.from_keyword_sets(ITEMS), QRELS, k_max=3)
+    item = ItemReward(QUERIES, ITEMS, QRELS, k_max=5)
+    texts = ["a, c", "Sure! Here is my explanation", "Sure! Here are the keywords: a, c",
+             "a, c. These keywords describe what the user wants", "Keywords: a, c", "1. a\n2. c"]
+    assert query(["q1"] * 6, texts) == pytest.approx([0.8, -1, -1, -1, 0.8, 0.8])
+    assert query(["q1", "q1"], ["a, c", "a, c"], truncated=[False, True]) == pytest.approx([0.8, INVALID_REWARD])
+    assert item(["i1", "i1"], ["c, d", "c, d"], truncated=[True, False]) == pytest.approx([INVALID_REWARD, -2 / 3])
+    assert item(["i1"], ["Certainly, c, d"]) == [INVALID_REWARD]
+    with pytest.raises(ValueError, match="1 truncation flags but 2 completions"):
+        query(["q1", "q1"], ["a", "b"], truncated=[True])
 
 
 @settings(max_examples=200, deadline=None)

@@ -104,3 +104,20 @@ def test_cli_rejects_bad_params_and_unreachable_store_before_any_work(tmp_path: 
     assert unreachable.exit_code == 2 and "unreachable" in unreachable.output
     assert time.perf_counter() - started < 10
     assert not (tmp_path / "data").exists() and not (tmp_path / ".prefect").exists()  # nothing ran
+
+
+def test_a_scheme_mlflow_does_not_support_is_refused_at_once():
+    started = time.perf_counter()
+    with pytest.raises(TrackingError, match="scheme 'ftp' is not a tracking store MLflow supports"):
+        check_reachable("ftp://example.org/mlflow")
+    assert time.perf_counter() - started < 1
+    check_reachable("postgresql+psycopg2://user@db.invalid/mlflow")  # MLflow's own client reports those
+
+
+def test_a_local_store_must_be_an_sqlite_file(tmp_path: Path):
+    (tmp_path / "notes.db").write_text("not a database\n")
+    with pytest.raises(TrackingError, match="notes.db is not an SQLite database"):
+        check_reachable(f"sqlite:///{tmp_path}/notes.db")
+    (tmp_path / "folder.db").mkdir()
+    with pytest.raises(TrackingError, match="is a folder"):
+        check_reachable(f"sqlite:///{tmp_path}/folder.db")

@@ -6,7 +6,7 @@ prefect) only inside its commands, so `coevo --help` answers at once.
 
 import typer
 
-from coevo.cli import baseline, data, params, run, train
+from coevo.cli import baseline, data, params, repro, run, search, train
 
 app = typer.Typer(
     name="coevo",
@@ -20,4 +20,6 @@ app.add_typer(baseline.app, name="baseline")
 app.add_typer(train.app, name="train")
 app.add_typer(run.app, name="run")
 app.add_typer(params.app, name="params")
+app.add_typer(repro.app, name="repro")
 run.register_top_level(app)  # `coevo demo`, `coevo ui`
+search.register_top_level(app)  # `coevo search`, `coevo evaluate`, `coevo promote`

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Optional
@@ -40,13 +41,16 @@ def prepare(
     test_fraction: float = typer.Option(0.15, help="Share of queries (with a relevant item) drawn for test."),
     download: bool = typer.Option(False, "--download", help="wands only: fetch the official files into --source first (size-checked cache)."),
     option: list[str] = typer.Option([], "--option", help="Extra loader option KEY=VALUE, repeatable (e.g. lang=en for image_captions, include_multi_tool=false for metatool)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
 ) -> None:
     """Read a raw source into the three parquet tables, then print its summary."""
-    with user_errors():
+    with user_errors(verbose):
+        from coevo.checks import check_writable
         from coevo.data.download import DownloadError
         from coevo.data.loaders import load_source
         from coevo.data.summary import print_summary, summarize
 
+        check_writable(out, "--out")  # before reading the source
         options = _parse_options(option)
         if download:
             options["download"] = True
@@ -67,13 +71,20 @@ def prepare(
 def validate(
     directory: Path = typer.Argument(..., help="A prepared data set folder."),
     report: Optional[Path] = typer.Option(None, "--report", "-r", help="Report path (JSON; a .md twin is written beside it). Default: DIR/validation.json."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
 ) -> None:
     """Check the data contract with Great Expectations; exit 0 only when every expectation holds."""
-    with user_errors():
+    with user_errors(verbose):
+        from coevo.checks import check_writable
         from coevo.data.validation import validate as run_validation
 
+        report_path = report or directory / "validation.json"
+        if report_path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a folder; give the path of the JSON report to write", str(report_path))
+        check_writable(report_path.parent, "--report")
+
         with console.status(f"validating {directory} (Great Expectations)"):
-            result = run_validation(directory, report_path=report or directory / "validation.json")
+            result = run_validation(directory, report_path=report_path)
         if result.ok:
             console.print(f"[green]valid[/]: {result.dataset}, {len(result.checks)} expectations hold; report {result.report_path}")
             return
@@ -85,9 +96,10 @@ def validate(
 def summary(
     directory: Path = typer.Argument(..., help="A prepared data set folder."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of tables."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
 ) -> None:
     """Counts per split, relevant items per query, items never relevant, groups."""
-    with user_errors():
+    with user_errors(verbose):
         from coevo.data.schema import Dataset
         from coevo.data.summary import print_summary, summarize
 
@@ -104,9 +116,13 @@ def build_sample(
     source: Path = typer.Option(..., "--source", "-s", help="Folder of the full public data set."),
     out: Path = typer.Option(..., "--out", "-o", help="Folder to write the sample into (e.g. data/sample/metatool)."),
     seed: int = typer.Option(42, help="Seed of the subset draw."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
 ) -> None:
     """Rebuild an embedded sample (raw format + LICENSE + ATTRIBUTION.md) from the full set."""
-    with user_errors():
+    with user_errors(verbose):
+        from coevo.checks import check_writable
+
+        check_writable(out, "--out")
         from coevo.data.sample import build_sample as run_build
 
         counts = run_build(name, source, out, seed=seed)

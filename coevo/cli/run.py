@@ -9,6 +9,7 @@ answers at once with its last results.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from pathlib import Path
@@ -16,7 +17,16 @@ from typing import Any
 
 import typer
 
-from coevo.cli.common import console, err_console, user_errors
+from coevo.cli.common import (
+    console,
+    err_console,
+    init_tracking_store,
+    interrupt_handled,
+    resume_command,
+    spawn_server,
+    stop_server,
+    user_errors,
+)
 
 app = typer.Typer(help="Run a method's full pipeline as a Prefect flow.", no_args_is_help=True)
 
@@ -37,7 +47,14 @@ def _environment(verbose: bool) -> None:
     # "database is locked" traceback) and phones home; neither helps a training run.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     if not verbose:
-        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+        # Failures reach the user as coevo's one-line error; Prefect's own log of them (a
+        # traceback per failed task and flow run) is for --verbose.
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
+        import logging
+
+        # Prefect's event queue logs "Still processing items" under this bare logger name while
+        # it flushes at exit, outside the "prefect" logger tree the setting above quiets.
+        logging.getLogger("EventsWorker").setLevel(logging.ERROR)
 
 
 class _RichSteps:
@@ -52,6 +69,7 @@ class _RichSteps:
         )
         self.task_id = None
         self.started_at = 0.0
+        self.current: str | None = None  # the step running now (named when interrupted)
 
     def plan(self, total: int, title: str) -> None:
         if self.task_id is None:
@@ -61,11 +79,13 @@ class _RichSteps:
 
     def started(self, label: str) -> None:
         self.started_at = time.perf_counter()
+        self.current = label
         if self.task_id is not None:
             self.progress.update(self.task_id, description=label)
 
     def finished(self, label: str, cached: bool) -> None:
         seconds = time.perf_counter() - self.started_at
+        self.current = None
         how = "[dim]cached[/]" if cached else f"[green]done[/] in {seconds:.1f}s"
         self.progress.console.print(f"  {label}: {how}")
         if self.task_id is not None:
@@ -83,6 +103,68 @@ def load_flow(method: str) -> Any:
     return load_flow_from_entrypoint(f"{entry}:{method}_flow")
 
 
+class RunState:
+    """What a `coevo run` is doing, for the line printed when it is interrupted."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.pipe: Any = None
+        self.steps: _RichSteps | None = None
+
+    def interrupted(self) -> str:
+        """"during <step>; last finished phase: <label> (<name>); ... resume with: <command>"."""
+        parts = []
+        if self.steps is not None and self.steps.current:
+            parts.append(f"stopped during {self.steps.current}")
+        if self.pipe is not None:
+            parts.append(last_finished_phase(self.pipe.method_cls, self.pipe))
+        parts.append(f"finished steps are kept; resume with: {resume_command()}")
+        return "; ".join(parts)
+
+
+def last_finished_phase(method_cls: Any, pipe: Any) -> str:
+    """"last finished phase: SFT (00_sft)", or that none has finished."""
+    try:
+        method = pipe.method
+        done = [p for p in method.phases() if method.is_done(p.name)]
+    except (FileNotFoundError, ValueError, OSError):
+        done = []
+    if not done:
+        return f"no {method_cls.name} phase has finished yet"
+    return f"last finished phase: {done[-1].label} ({done[-1].name})"
+
+
+def preflight(method: str, params: Any, stage: str) -> None:
+    """Every check that needs no model and no data: before any work."""
+    from coevo.checks import TrackingError, check_reachable, check_writable
+    from coevo.layout import Layout
+    from coevo.pipeline import wants
+
+    if wants(stage, "evaluate"):
+        try:
+            check_reachable(params.tracking.uri)
+        except TrackingError as exc:
+            raise ValueError(str(exc)) from None
+    lay = Layout.of(params, method)
+    outputs = {"data.root": lay.root}
+    if wants(stage, "validate") or wants(stage, "evaluate"):
+        outputs["reports folder"] = Path("reports")
+    if wants(stage, "evaluate"):
+        outputs["tracking.artifact_root"] = Path(params.tracking.artifact_root)
+    for what, path in outputs.items():
+        check_writable(path, what)
+
+
+def check_stage_inputs(pipe: Any, stage: str) -> None:
+    """A stage run on its own needs what the earlier stages wrote: fail in one line, before Prefect."""
+    if stage in ("validate", "train", "evaluate"):
+        pipe.data_fingerprint()  # FileNotFoundError naming data/processed/<dataset> and the stage to run
+    if stage in ("train", "evaluate"):
+        pipe.require_validated()
+    if stage == "evaluate":
+        pipe.final()  # FileNotFoundError when no phase has finished
+
+
 def run_method(
     method: str,
     params_paths: list[Path],
@@ -91,41 +173,109 @@ def run_method(
     verbose: bool = False,
     extra: dict[str, Any] | None = None,
     always: bool = False,
+    state: RunState | None = None,
 ) -> dict[str, Any]:
-    """Validate params, run the method's flow with progress (or report it up to date), print the table."""
-    from coevo.checks import TrackingError, check_reachable
+    """Validate params, run the method's flow with progress (or report it up to date), print the table.
+
+    Before any work: params, stage, tracking store and output folders are checked, and the
+    run folder's lock is taken (a second run on the same method and data set fails at once).
+    """
     from coevo.config import load_params
+    from coevo.layout import Layout
+    from coevo.lock import run_lock
     from coevo.pipeline import Pipeline, check_stage, wants
 
+    state = state or RunState(method)
     params = load_params(params_paths, overrides)  # bad params: fail here, before any work
     check_stage(stage)
-    if wants(stage, "evaluate"):
-        try:
-            check_reachable(params.tracking.uri)
-        except TrackingError as exc:
-            raise ValueError(str(exc)) from None
+    preflight(method, params, stage)
     started = time.perf_counter()
-    pipe = Pipeline(method, params)
-    if not (extra or always) and pipe.up_to_date(stage):
-        last = pipe.last_summary() if wants(stage, "evaluate") else None
-        summary = dict(last or {"method": method, "rows": []})
-        summary.update(steps={"executed": 0, "cached": 0}, seconds=time.perf_counter() - started, up_to_date=True)
-        what = "step" if stage == "all" else f"{stage} step"
-        console.print(f"[green]up to date[/]: every {what} of {method} on {params.data.dataset} is finished with "
-                      "these inputs (data, params, code); nothing ran.", soft_wrap=True)
-        print_summary(summary)
-        return summary
-    _environment(verbose)
-    flow_fn = load_flow(method)
-    from coevo import progress
+    with run_lock(Layout.of(params, method).run_dir):
+        pipe = Pipeline(method, params)
+        state.pipe = pipe
+        check_stage_inputs(pipe, stage)
+        if not (extra or always) and pipe.up_to_date(stage):
+            last = pipe.last_summary() if wants(stage, "evaluate") else None
+            summary = dict(last or {"method": method, "rows": []})
+            summary.update(steps={"executed": 0, "cached": 0}, seconds=time.perf_counter() - started, up_to_date=True)
+            what = "step" if stage == "all" else f"{stage} step"
+            console.print(f"[green]up to date[/]: every {what} of {method} on {params.data.dataset} is finished with "
+                          "these inputs (data, params, code); nothing ran.", soft_wrap=True)
+            print_summary(summary)
+            return summary
+        _environment(verbose)
+        if wants(stage, "evaluate"):
+            init_tracking_store(params.tracking.uri)  # once, under a lock: runs started together do not race
+        flow_fn = load_flow(method)
+        start_local_prefect()
+        from coevo import progress
 
-    steps = _RichSteps()
-    with progress.listening(steps), steps.progress:
-        summary = flow_fn(params_path=[str(p) for p in params_paths], overrides=list(overrides), stage=stage,
-                          **(extra or {}))
+        steps = state.steps = _RichSteps()
+        with progress.listening(steps), steps.progress:
+            summary = flow_fn(params_path=[str(p) for p in params_paths], overrides=list(overrides), stage=stage,
+                              **(extra or {}))
     summary["seconds"] = time.perf_counter() - started
     print_summary(summary)
     return summary
+
+
+def start_local_prefect() -> Any:
+    """Start Prefect's local (ephemeral) server now, in its own session, watched by the watchdog.
+
+    Without PREFECT_API_URL, Prefect starts a local server on first use
+    (``prefect.server.api.server.SubprocessASGIServer``, a `python -m uvicorn` child in the CLI's
+    own process group): a Ctrl-C in the terminal reached it too, so the CLI could not report the
+    interrupted flow run, and a `kill -9` of the CLI left it running. Prefect keeps one instance
+    per port in ``SubprocessASGIServer._instances``; registering ours there first makes Prefect
+    use it. Returns the server, or None when an API URL is configured.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    existing = SubprocessASGIServer._instances.get(None)
+    if existing is not None and existing.running:
+        return existing
+    SubprocessASGIServer._instances.pop(None, None)
+    server = _local_prefect_server_class()()
+    server.start()
+    return server
+
+
+@functools.lru_cache(maxsize=1)
+def _local_prefect_server_class() -> type:
+    """Built on first use: prefect is imported only when a flow starts."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    class LocalPrefectServer(SubprocessASGIServer):
+        """Prefect's ephemeral server, started in a session of its own and stopped with its group."""
+
+        def _run_uvicorn_command(self) -> Any:
+            # Same command and environment as SubprocessASGIServer._run_uvicorn_command (Prefect
+            # 3.9), started through spawn_server: own session, killed with the CLI.
+            import sys
+
+            import prefect
+            from prefect.settings import get_current_settings
+
+            env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                   "PREFECT__SERVER_FINAL": "1", **get_current_settings().to_environment_variables(exclude_unset=True)}
+            return spawn_server(
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--log-level", "error", "--lifespan", "on"],
+                env=env,
+            )
+
+        def stop(self) -> None:
+            if self.server_process is not None:
+                stop_server(self.server_process, grace_s=3.0)
+                self.server_process = None
+            super().stop()
+
+    return LocalPrefectServer
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -136,6 +286,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         console.print("results of the last run:")
     if summary.get("rows"):
         console.print(metrics_table(summary["rows"], metrics, title=f"{summary['method']}: results"))
+    if summary.get("registry"):
+        from coevo.serving.registry import decision_lines
+
+        for line in decision_lines(summary["registry"]):
+            console.print(line, soft_wrap=True, highlight=False)
     steps = summary.get("steps", {})
     console.print(
         f"steps: {steps.get('executed', 0)} executed, {steps.get('cached', 0)} from cache; "
@@ -156,12 +311,13 @@ def _method_command(method: str, doc: str) -> None:
         params: list[Path] = typer.Option([Path("params.yaml")], "--params", "-p", help=PARAMS_HELP),
         overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
         stage: str = typer.Option("all", "--stage", help=STAGE_HELP),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs and tracebacks."),
         log_run: bool = typer.Option(False, "--log-run", help="Start the flow even when every step is up to date "
                                      "(a new Prefect flow run and MLflow run, all steps from cache)."),
     ) -> None:
-        with user_errors():
-            run_method(method, params, overrides, stage, verbose, always=log_run)
+        state = RunState(method)
+        with user_errors(verbose, state.interrupted):
+            run_method(method, params, overrides, stage, verbose, always=log_run, state=state)
 
     command.__doc__ = doc
     app.command(method, help=doc)(command)
@@ -178,14 +334,15 @@ def register_top_level(root: typer.Typer) -> None:
     @root.command("demo")
     def demo(
         overrides: list[str] = typer.Option([], "--set", "-s", help="Extra overrides on top of params/demo.yaml."),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs and tracebacks."),
     ) -> None:
         """The whole CoGR pipeline on the embedded MetaTool sample, on CPU, with SmolLM2-135M
         (params.yaml overlaid with params/demo.yaml)."""
-        with user_errors():
+        state = RunState("cogr")
+        with user_errors(verbose, state.interrupted):
             console.print("[bold]coevo demo[/]: CoGR on data/sample/metatool with smollm2-135m (CPU), "
                           "params.yaml + params/demo.yaml", soft_wrap=True)
-            run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose)
+            run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose, state=state)
             console.print(
                 "next: `coevo ui` (MLflow at http://127.0.0.1:5000), `dvc repro` (pipeline), "
                 "`dvc metrics show`, `dvc plots show`", soft_wrap=True
@@ -194,62 +351,105 @@ def register_top_level(root: typer.Typer) -> None:
     @root.command("ui")
     def ui(
         params: Path = typer.Option(Path("params.yaml"), "--params", "-p", help="Params file (tracking.uri)."),
-        port: int = typer.Option(5000, "--port", help="MLflow UI port."),
+        port: int = typer.Option(5000, "--port", min=1, max=65535, help="MLflow UI port."),
         prefect: bool = typer.Option(False, "--prefect", help="Also start the Prefect UI (port 4200)."),
-        prefect_port: int = typer.Option(4200, "--prefect-port", help="Prefect UI port."),
+        prefect_port: int = typer.Option(4200, "--prefect-port", min=1, max=65535, help="Prefect UI port."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
     ) -> None:
-        """Start the MLflow UI (and the Prefect UI with --prefect) on 127.0.0.1 and print the URLs."""
-        with user_errors():
+        """Start the MLflow UI (and the Prefect UI with --prefect) on 127.0.0.1 and print the URLs.
+
+        Ctrl-C (or SIGTERM) stops them; they also stop when this command is killed."""
+        with user_errors(verbose):
             serve_uis(params, port, prefect, prefect_port)
 
 
-def serve_uis(params_path: Path, port: int, prefect: bool, prefect_port: int, wait: bool = True) -> list[Any]:
+UI_START_TIMEOUT_S = 120.0
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _wait_until_serving(name: str, proc: Any, url: str, timeout_s: float) -> None:
+    """Poll ``url`` until it answers 200; a server that exits first is an error naming its code."""
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {proc.returncode} before serving {url}")
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{name} did not answer {url} within {timeout_s:.0f}s")
+
+
+def serve_uis(params_path: Path, port: int, prefect: bool, prefect_port: int, wait: bool = True,
+              timeout_s: float = UI_START_TIMEOUT_S) -> list[Any]:
+    """Start the MLflow UI (and the Prefect UI) as servers that die with this process.
+
+    Each runs in a session of its own (spawn_server): Ctrl-C or SIGTERM stops the whole group
+    (the MLflow server's uvicorn and huey consumer processes included), and the watchdog kills
+    it if this process is killed. Ports are checked before anything starts.
+    """
     import shutil
-    import subprocess
     import sys
 
+    from coevo.checks import TrackingError, check_reachable
     from coevo.config import load_params
 
     params = load_params(params_path)
+    try:
+        check_reachable(params.tracking.uri)
+    except TrackingError as exc:
+        raise ValueError(str(exc)) from None
+    ports = {"--port": port, **({"--prefect-port": prefect_port} if prefect else {})}
+    if prefect and port == prefect_port:
+        raise ValueError(f"--port and --prefect-port are both {port}; give two different ports")
+    for flag, value in ports.items():
+        if not _port_free(value):
+            raise ValueError(f"{flag} {value}: the port is in use on 127.0.0.1; stop what listens there or pick "
+                             f"another port ({flag} N)")
     bin_dir = Path(sys.executable).parent
     mlflow_bin = shutil.which("mlflow", path=str(bin_dir)) or "mlflow"
-    procs = [
-        subprocess.Popen(
-            [mlflow_bin, "ui", "--backend-store-uri", params.tracking.uri, "--host", "127.0.0.1", "--port", str(port),
-             "--workers", "1"]
-        )
-    ]
-    console.print(f"MLflow UI:  http://127.0.0.1:{port}   (store {params.tracking.uri}, artifacts {params.tracking.artifact_root}/)")
-    if prefect:
-        prefect_bin = shutil.which("prefect", path=str(bin_dir)) or "prefect"
-        procs.append(
-            subprocess.Popen([prefect_bin, "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)])
-        )
-        console.print(f"Prefect UI: http://127.0.0.1:{prefect_port}")
-    if not wait:
-        return procs
-    console.print("Ctrl-C stops them.")
-    import signal
-
-    def _stop(_signum: int, _frame: Any) -> None:  # `kill`/`timeout` must stop the servers too
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
+    procs: list[Any] = []
+    handed_over = False
     try:
+        procs.append(spawn_server([mlflow_bin, "ui", "--backend-store-uri", params.tracking.uri, "--host", "127.0.0.1",
+                                   "--port", str(port), "--workers", "1"]))
+        if prefect:
+            prefect_bin = shutil.which("prefect", path=str(bin_dir)) or "prefect"
+            procs.append(spawn_server([prefect_bin, "server", "start", "--host", "127.0.0.1", "--port",
+                                       str(prefect_port)]))
+        _wait_until_serving("the MLflow UI", procs[0], f"http://127.0.0.1:{port}/health", timeout_s)
+        console.print(f"MLflow UI:  http://127.0.0.1:{port}   (store {params.tracking.uri}, artifacts "
+                      f"{params.tracking.artifact_root}/)", soft_wrap=True)
+        if prefect:
+            _wait_until_serving("the Prefect UI", procs[1], f"http://127.0.0.1:{prefect_port}/api/health", timeout_s)
+            console.print(f"Prefect UI: http://127.0.0.1:{prefect_port}")
+        if not wait:
+            handed_over = True  # the caller stops them (stop_server)
+            return procs
+        console.print("Ctrl-C stops them.")
         while all(p.poll() is None for p in procs):
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
+        dead = next(p for p in procs if p.poll() is not None)
+        raise RuntimeError(f"{' '.join(dead.args[:2])} exited with code {dead.returncode}; the other UI was stopped")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (user_errors turns SIGTERM into one): the way to stop the UIs
+        interrupt_handled()
+        console.print("stopping the UIs")
+        return procs
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-    failed = [p for p in procs if p.returncode not in (0, -15, None)]
-    if failed:
-        raise typer.Exit(code=1)
-    return procs
-
+        if not handed_over:
+            for proc in procs:
+                stop_server(proc)

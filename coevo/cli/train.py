@@ -17,26 +17,72 @@ from coevo.cli.common import console, user_errors
 app = typer.Typer(help="Train a method in-process on a prepared data set (resumable).", no_args_is_help=True)
 
 
+class TrainState:
+    """What `coevo train` is doing, for the line printed when it is interrupted."""
+
+    def __init__(self) -> None:
+        self.run = None
+
+    def interrupted(self) -> str:
+        from coevo.cli.common import resume_command
+
+        parts = []
+        if self.run is not None:
+            try:
+                phases = self.run.phases()
+                done = [p for p in phases if self.run.is_done(p.name)]
+                running = next((p for p in phases if not self.run.is_done(p.name)), None)
+            except (OSError, ValueError):
+                done, running = [], None
+            if running is not None:
+                parts.append(f"stopped during {running.label}")
+            parts.append(f"last finished phase: {done[-1].label} ({done[-1].name})" if done
+                         else f"no {self.run.name} phase has finished yet")
+        parts.append(f"finished phases are kept; resume with: {resume_command()}")
+        return "; ".join(parts)
+
+
 def _train(method: str, params: list[Path], overrides: list[str], data: Optional[Path], out: Optional[Path],
-           quiet: bool, **kwargs) -> None:
+           quiet: bool, state: TrainState | None = None, **kwargs) -> None:
+    from coevo.checks import check_writable
     from coevo.config import load_params
     from coevo.layout import Layout
     from coevo.methods.base import method_class
 
+    state = state or TrainState()
     loaded = load_params(params, overrides)
     layout = Layout.of(loaded, method)
     data_dir = data or layout.processed
     run_dir = out or layout.run_dir
-    run = method_class(method)(run_dir, loaded, data_dir, progress=not quiet, **kwargs)
+    check_writable(run_dir, "--out" if out else "run folder")
+    with _rank_zero_lock(run_dir):  # first: a run in progress may be writing the data set right now
+        if not (data_dir / "dataset.json").is_file():
+            raise FileNotFoundError(f"{data_dir}: no prepared data set (dataset.json is missing); prepare it first "
+                                    f"(`coevo run {method} --stage prepare` or `coevo data prepare`)")
+        run = method_class(method)(run_dir, loaded, data_dir, progress=not quiet, **kwargs)
+        state.run = run
 
-    def done(phase, record) -> None:
-        if not quiet:
-            shown = " ".join(f"{k}={record['eval'][k]:.4f}" for k in run.table_metrics if k in record.get("eval", {}))
-            console.print(f"[green]done[/] {phase.label} {shown}", highlight=False)
+        def done(phase, record) -> None:
+            if not quiet:
+                shown = " ".join(f"{k}={record['eval'][k]:.4f}" for k in run.table_metrics
+                                 if k in record.get("eval", {}))
+                console.print(f"[green]done[/] {phase.label} {shown}", highlight=False)
 
-    rows = run.run(on_phase=done)
+        rows = run.run(on_phase=done)
     console.print(results_table(run, rows))
     console.print(f"run folder: {run_dir}  (best phase on val: {run.best_phase()})", highlight=False)
+
+
+def _rank_zero_lock(run_dir: Path):
+    """The run folder's lock, taken by rank 0 only under a multi-process launch (`accelerate launch`,
+    torchrun set RANK / LOCAL_RANK): the ranks of one job share the run folder, a second job does not."""
+    import contextlib
+    import os
+
+    from coevo.lock import run_lock
+
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+    return run_lock(run_dir) if rank.strip() in ("", "0") else contextlib.nullcontext()
 
 
 def _command(method: str, doc: str, vllm: bool = False) -> None:
@@ -51,9 +97,11 @@ def _command(method: str, doc: str, vllm: bool = False) -> None:
                                            "knob re-runs only the phases that depend on it."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
         use_vllm: bool = typer.Option(False, "--vllm", help="Generate GRPO rollouts with vLLM (GPU workers)."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
     ) -> None:
-        with user_errors():
-            _train(method, params, set_, data, out, quiet, **({"use_vllm": use_vllm} if use_vllm else {}))
+        state = TrainState()
+        with user_errors(verbose, state.interrupted):
+            _train(method, params, set_, data, out, quiet, state, **({"use_vllm": use_vllm} if use_vllm else {}))
 
     command.__doc__ = doc
     app.command(method, help=doc)(command)

@@ -16,24 +16,44 @@ Per-source choices (also in the README of each loader function below):
 - wands: Exact=2, Partial=1, Irrelevant=0; local folder, or ``download=True`` fetches the
   official files into the source folder (size-checked cache).
 - beir: the qrels file name gives the split (train -> train, dev/val/validation -> val, test).
+  A document without a title gets its ``_id`` as title (the contract needs a non-empty
+  title; the start of the text would make BM25 count those words twice).
 - image_captions: items are images, queries are captions; the split comes from the file.
+
+Common to every loader (``load_source`` options, the ``data`` params):
+
+- ``min_grade`` (data.min_grade): judgements graded below it become grade 0 (judged, not
+  relevant); the others keep their grade. WANDS: 2 = Exact only.
+- splits (data.split_scheme): ``fractions`` draws a seeded split where the source has none;
+  a source that fixes its splits but has no val (or no test) queries gets a seeded val
+  (test) carved from its train queries at ``val_fraction`` (``test_fraction``), since
+  every method monitors training on val. ``wands_430_50`` is the CoGR paper's WANDS split:
+  50 seeded test queries (with a relevant product), the other 430 train, ``val_fraction``
+  of them held out as val.
+- duplicates (data.duplicates): a row that repeats an earlier one (a judgement of the same
+  pair, a query-tool pair, a document, a query, a caption given twice) is dropped and
+  reported (count and the first examples, each naming its file and row: a warning and
+  ``meta.duplicates`` in dataset.json), or, with ``error``, the source is refused with the
+  same report. Repeated judgements keep the highest grade. The same id with *different*
+  content is never a duplicate: it is an error naming both rows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from coevo.data.readers import (
     check_nonempty,
     check_unique,
-    first_duplicate,
     read_json,
     read_jsonl,
     read_table,
@@ -51,6 +71,54 @@ WANDS_PRODUCT_COLUMNS = (
     "product_features", "rating_count", "average_rating", "review_count",
 )
 BEIR_SPLITS = {"train": "train", "dev": "val", "val": "val", "validation": "val", "test": "test"}
+SPLIT_SCHEMES = ("fractions", "wands_430_50")
+DUPLICATE_POLICIES = ("drop", "error")
+# The CoGR paper's WANDS split: 480 queries, 430 for training, 50 for test.
+WANDS_PAPER_TEST_QUERIES = 50
+DUPLICATE_EXAMPLES = 5
+
+log = logging.getLogger(__name__)
+
+
+class Duplicates:
+    """Duplicate source rows a loader dropped: per kind, the count and the first examples."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, dict[str, Any]] = {}
+
+    def add(self, kind: str, where: str, count: int = 1) -> None:
+        entry = self._found.setdefault(kind, {"count": 0, "examples": []})
+        entry["count"] += count
+        if len(entry["examples"]) < DUPLICATE_EXAMPLES:
+            entry["examples"].append(where)
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        return {kind: {"count": e["count"], "examples": list(e["examples"])} for kind, e in self._found.items()}
+
+
+def _drop_repeated_rows(frame: pd.DataFrame, key: Sequence[str], path: Path, kind: str, dups: Duplicates,
+                        *, row_offset: int = 2, unit: str = "row") -> pd.DataFrame:
+    """``frame`` without rows that repeat an earlier row exactly (reported in ``dups``); a key
+    repeated with different other fields is an error naming both rows."""
+    repeated = frame.duplicated(subset=list(key), keep="first").to_numpy()
+    if not repeated.any():
+        return frame
+    exact = frame.duplicated(keep="first").to_numpy()
+    first_of = {k: pos for pos, k in enumerate(_keys(frame, key)) if not repeated[pos]}
+    keys = _keys(frame, key)
+    label = " ".join(key)
+    for pos in repeated.nonzero()[0]:
+        first = first_of[keys[pos]]
+        shown = keys[pos] if len(key) > 1 else keys[pos][0]
+        where = f"{path.name}: {unit} {pos + row_offset}: duplicate {label} {shown!r} (first at {unit} {first + row_offset})"
+        if not exact[pos]:
+            raise ValueError(f"{path.parent / where} with different fields (the same id must mean the same record)")
+        dups.add(kind, where)
+    return frame[~repeated].reset_index(drop=True)
+
+
+def _keys(frame: pd.DataFrame, key: Sequence[str]) -> list[tuple[str, ...]]:
+    return list(zip(*(frame[c].astype(str) for c in key)))
 
 
 @dataclass
@@ -62,6 +130,7 @@ class Loaded:
     qrels: pd.DataFrame
     grades: tuple[int, ...] = (1,)
     meta: dict[str, Any] = field(default_factory=dict)
+    duplicates: Duplicates = field(default_factory=Duplicates)  # what the loader dropped
 
 
 LOADERS: dict[str, Callable[..., Loaded]] = {}
@@ -83,15 +152,27 @@ def load_source(
     val_fraction: float = 0.15,
     test_fraction: float = 0.15,
     name: str | None = None,
+    min_grade: int = 1,
+    split_scheme: str = "fractions",
+    duplicates: str = "drop",
     **options: Any,
 ) -> Dataset:
     """Read ``source`` with the loader registered as ``loader`` into a :class:`Dataset`.
 
-    ``options`` go to the loader (metatool: include_multi_tool; wands: download, base_url;
-    image_captions: lang).
+    ``min_grade``, ``split_scheme`` and ``duplicates`` are the ``data`` knobs of the same
+    names (module docstring). ``options`` go to the loader (metatool: include_multi_tool;
+    wands: download, base_url; image_captions: lang).
     """
     if loader not in LOADERS:
         raise ValueError(f"unknown loader {loader!r}; expected one of {', '.join(sorted(LOADERS))}")
+    if split_scheme not in SPLIT_SCHEMES:
+        raise ValueError(f"unknown split scheme {split_scheme!r}; expected one of {', '.join(SPLIT_SCHEMES)}")
+    if split_scheme == "wands_430_50" and loader != "wands":
+        raise ValueError(f"split scheme wands_430_50 is the WANDS paper split; the loader is {loader!r}")
+    if duplicates not in DUPLICATE_POLICIES:
+        raise ValueError(f"duplicates must be one of {', '.join(DUPLICATE_POLICIES)}, got {duplicates!r}")
+    if isinstance(min_grade, bool) or not isinstance(min_grade, int) or min_grade < 1:
+        raise ValueError(f"min_grade must be an integer >= 1, got {min_grade!r}")
     source = Path(source)
     try:
         loaded = LOADERS[loader](source, **options)
@@ -99,25 +180,73 @@ def load_source(
         if "unexpected keyword argument" in str(exc):
             raise ValueError(f"loader {loader!r}: unknown option ({exc})") from None
         raise
+    found = loaded.duplicates.report()
+    if found:
+        summary = "; ".join(f"{e['count']} {kind} (first: {', '.join(e['examples'])})" for kind, e in found.items())
+        if duplicates == "error":
+            raise ValueError(f"{source}: duplicate rows (data.duplicates = error): {summary}")
+        log.warning("%s: dropped duplicate rows: %s", source, summary)
+    qrels = loaded.qrels
+    if min_grade > 1:
+        qrels = qrels.assign(grade=qrels["grade"].where(qrels["grade"] >= min_grade, 0))
+    if not (qrels["grade"] > 0).any():
+        raise ValueError(f"{source}: no judgement has a grade >= {min_grade} (data.min_grade); nothing is relevant")
     queries = loaded.queries.copy()
-    if "split" in queries.columns:
+    if split_scheme == "wands_430_50":
+        queries["split"] = _paper_split(queries, qrels, seed, val_fraction, source)
+        split_rule = (f"wands_430_50 (seed {seed}): {WANDS_PAPER_TEST_QUERIES} test queries, the rest train with "
+                      f"val_fraction {val_fraction} held out as val")
+    elif "split" in queries.columns:
         split_rule = "from source"
+        carved = []
+        for split, fraction in (("val", val_fraction), ("test", test_fraction)):
+            if not (queries["split"] == split).any() and fraction > 0:
+                queries["split"] = _carve(queries, qrels, split, fraction, seed)
+                carved.append(f"{split} carved from train (seed {seed}, {split}_fraction {fraction})")
+        if carved:
+            split_rule += "; " + "; ".join(carved)
     else:
         split_rule = f"seeded (seed {seed}, val {val_fraction}, test {test_fraction}, stratified by group)"
         queries["split"] = assign_splits(
-            queries, loaded.qrels, seed=seed, val_fraction=val_fraction, test_fraction=test_fraction
+            queries, qrels, seed=seed, val_fraction=val_fraction, test_fraction=test_fraction
         )
-    meta = {"loader": loader, "options": {k: v for k, v in options.items()}, "split": split_rule, **loaded.meta}
+    meta = {"loader": loader, "options": {k: v for k, v in options.items()}, "split": split_rule,
+            "min_grade": min_grade, "duplicates": found, **loaded.meta}
     return Dataset(
         items=loaded.items,
         queries=queries,
-        qrels=loaded.qrels,
+        qrels=qrels,
         name=name or loader,
         source=str(source),
         seed=seed,
         grades=loaded.grades,
         meta=meta,
     )
+
+
+def _carve(queries: pd.DataFrame, qrels: pd.DataFrame, split: str, fraction: float, seed: int) -> pd.Series:
+    """The split column with a seeded ``fraction`` of the train queries moved to ``split``
+    (stratified by group, only queries with a relevant item; coevo.data.splits)."""
+    out = queries["split"].copy()
+    train = queries[queries["split"] == "train"]
+    if train.empty:
+        return out
+    drawn = assign_splits(train, qrels, seed=seed, val_fraction=fraction, test_fraction=0.0)
+    out.loc[drawn.index[drawn == "val"]] = split
+    return out
+
+
+def _paper_split(queries: pd.DataFrame, qrels: pd.DataFrame, seed: int, val_fraction: float, source: Path) -> pd.Series:
+    """The WANDS paper split: 50 seeded test queries with a relevant product, the others train,
+    ``val_fraction`` of those (with a relevant product) held out as val."""
+    eligible = sorted(set(qrels.loc[qrels["grade"] > 0, "query_id"]) & set(queries["query_id"]))
+    if len(eligible) <= WANDS_PAPER_TEST_QUERIES:
+        raise ValueError(f"{source}: split scheme wands_430_50 needs more than {WANDS_PAPER_TEST_QUERIES} queries "
+                         f"with a relevant product; the source has {len(eligible)}")
+    rng = np.random.default_rng([seed, WANDS_PAPER_TEST_QUERIES])
+    test = {eligible[i] for i in rng.permutation(len(eligible))[:WANDS_PAPER_TEST_QUERIES]}
+    split = pd.Series(["test" if q in test else "train" for q in queries["query_id"]], index=queries.index, dtype=object)
+    return _carve(queries.assign(split=split), qrels, "val", val_fraction, seed) if val_fraction > 0 else split
 
 
 def _text_id(prefix: str, text: str) -> str:
@@ -145,6 +274,13 @@ def load_metatool(source: Path, *, include_multi_tool: bool = True) -> Loaded:
     pairs = read_table(csv_path, ["Query", "Tool"])
     check_nonempty(list(pairs["Query"]), str(csv_path), "Query")
     check_nonempty(list(pairs["Tool"]), str(csv_path), "Tool")
+    dups = Duplicates()
+    pairs = pairs.assign(Query=pairs["Query"].str.strip(), Tool=pairs["Tool"].str.strip(), row=range(2, len(pairs) + 2))
+    repeated = pairs.duplicated(subset=["Query", "Tool"], keep="first")
+    for row, query, tool in pairs.loc[repeated, ["row", "Query", "Tool"]].itertuples(index=False):
+        dups.add("query-tool pairs", f"{csv_path.name}: row {row}: ({query[:40]!r}, {tool!r}) again")
+    n_pairs = len(pairs)
+    pairs = pairs[~repeated]
     descriptions = read_json(des_path)
     if not isinstance(descriptions, dict) or not descriptions:
         raise ValueError(f"{des_path}: expected a non-empty JSON object mapping tool name -> description")
@@ -156,8 +292,7 @@ def load_metatool(source: Path, *, include_multi_tool: bool = True) -> Loaded:
 
     tools_of: dict[str, list[str]] = {}  # query text -> tools, first-seen order
     group_of: dict[str, str] = {}
-    for row, (query, tool) in enumerate(zip(pairs["Query"], pairs["Tool"]), start=2):
-        query, tool = query.strip(), tool.strip()
+    for row, query, tool in zip(pairs["row"], pairs["Query"], pairs["Tool"]):
         if tool not in descriptions:
             raise ValueError(f"{csv_path}: row {row}: tool {tool!r} has no description in {des_path.name}")
         tools = tools_of.setdefault(query, [])
@@ -201,8 +336,8 @@ def load_metatool(source: Path, *, include_multi_tool: bool = True) -> Loaded:
         {"query_id": [ids[t] for t in tools_of], "text": list(tools_of), "group": [group_of[t] for t in tools_of]}
     )
     qrels = _qrels([(ids[text], tool, 1) for text, tools in tools_of.items() for tool in tools])
-    meta = {"pairs_in_csv": len(pairs), "multi_tool_queries": n_multi}
-    return Loaded(items, queries, qrels, grades=(1,), meta=meta)
+    meta = {"pairs_in_csv": n_pairs, "multi_tool_queries": n_multi}
+    return Loaded(items, queries, qrels, grades=(1,), meta=meta, duplicates=dups)
 
 
 # ---------------------------------------------------------------------------------- StableToolBench
@@ -257,6 +392,7 @@ def load_stabletoolbench(source: Path) -> Loaded:
     are the record's "relevant APIs" ([tool, api] pairs), grade 1.
     """
     folder = _stabletoolbench_dir(source)
+    dups = Duplicates()
     items: dict[str, dict[str, Any]] = {}
     conflicts = 0
     queries: list[dict[str, Any]] = []
@@ -301,6 +437,8 @@ def load_stabletoolbench(source: Path) -> Loaded:
     for query_id, item_id, where in wanted:
         if item_id not in items:
             raise ValueError(f"{where}: relevant API {item_id!r} is in no api_list")
+        if (query_id, item_id) in qrel_rows:
+            dups.add("relevant APIs", f"{where}: {item_id!r} again")
         qrel_rows[(query_id, item_id)] = 1
     meta = {"files": sorted(p.name for p in folder.glob("*.json")), "conflicting_api_records": conflicts}
     return Loaded(
@@ -309,6 +447,7 @@ def load_stabletoolbench(source: Path) -> Loaded:
         _qrels([(q, i, g) for (q, i), g in qrel_rows.items()]),
         grades=(1,),
         meta=meta,
+        duplicates=dups,
     )
 
 
@@ -338,10 +477,11 @@ def load_wands(source: Path, *, download: bool = False, base_url: str = WANDS_BA
     products = read_table(product_path, WANDS_PRODUCT_COLUMNS, sep="\t")
     queries = read_table(query_path, ["query_id", "query", "query_class"], sep="\t")
     labels = read_table(label_path, ["id", "query_id", "product_id", "label"], sep="\t")
+    dups = Duplicates()
     check_nonempty(list(products["product_id"]), str(product_path), "product_id")
-    check_unique(list(products["product_id"]), str(product_path), "product_id")
+    products = _drop_repeated_rows(products, ("product_id",), product_path, "products", dups)
     check_nonempty(list(queries["query_id"]), str(query_path), "query_id")
-    check_unique(list(queries["query_id"]), str(query_path), "query_id")
+    queries = _drop_repeated_rows(queries, ("query_id",), query_path, "queries", dups)
     check_nonempty(list(queries["query"]), str(query_path), "query")
 
     titles = products["product_name"].str.strip()
@@ -378,66 +518,87 @@ def load_wands(source: Path, *, download: bool = False, base_url: str = WANDS_BA
     qrels = pd.DataFrame(
         {"query_id": labels["query_id"], "item_id": labels["product_id"], "grade": labels["label"].map(WANDS_GRADES)}
     )
-    # Repeated judgements of one pair: keep the highest grade, once.
+    # Repeated judgements of one pair: keep the highest grade, once (reported as duplicates).
     n_before = len(qrels)
+    repeated = qrels.duplicated(subset=["query_id", "item_id"], keep="first").to_numpy().nonzero()[0]
+    for row in repeated[:DUPLICATE_EXAMPLES]:
+        dups.add("judgements", f"{label_path.name}: row {row + 2}: query_id {qrels['query_id'].iloc[row]!r} "
+                               f"product_id {qrels['item_id'].iloc[row]!r} judged again")
+    if len(repeated) > DUPLICATE_EXAMPLES:
+        dups.add("judgements", "", count=len(repeated) - DUPLICATE_EXAMPLES)
     qrels = qrels.groupby(["query_id", "item_id"], sort=False, as_index=False)["grade"].max()
     meta = {"untitled_products": int(untitled.sum()), "repeated_judgements": n_before - len(qrels)}
     query_frame = pd.DataFrame(
         {"query_id": queries["query_id"], "text": queries["query"].str.strip(), "query_class": queries["query_class"]}
     )
-    return Loaded(items, query_frame, _qrels(list(qrels.itertuples(index=False, name=None))), grades=(0, 1, 2), meta=meta)
+    return Loaded(items, query_frame, _qrels(list(qrels.itertuples(index=False, name=None))), grades=(0, 1, 2), meta=meta,
+                  duplicates=dups)
 
 
 # ---------------------------------------------------------------------------------- BEIR
-def _short_title(text: str, limit: int = 80) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
-
-
 @register_loader("beir")
 def load_beir(source: Path) -> Loaded:
     """A BEIR folder: corpus.jsonl (_id, title, text), queries.jsonl (_id, text), qrels/*.tsv.
 
     Each qrels file (query-id, corpus-id, score) names its split: train, dev/val/validation
-    -> val, test. Only judged queries are kept. A document without a title gets the start of
-    its text as title (the contract needs a non-empty title).
+    -> val, test; a source without dev qrels gets a seeded val carved from train (see
+    :func:`load_source`). Only judged queries are kept. A document without a title gets its
+    ``_id`` as title: the contract needs a non-empty title, and filling it from the text
+    would make BM25 count those words twice (``meta.untitled_docs`` counts them). A line
+    repeating an earlier document or query exactly, and a repeated (query, document)
+    judgement (the highest score kept), are duplicates; the same ``_id`` with other content
+    is an error.
     """
     require_dir(source)
     corpus_path, queries_path, qrels_dir = source / "corpus.jsonl", source / "queries.jsonl", source / "qrels"
-    items, item_ids = [], []
+    dups = Duplicates()
+    items: dict[str, dict[str, str]] = {}
+    first_line: dict[str, int] = {}
     untitled = 0
     for lineno, record in read_jsonl(corpus_path):
         where = f"{corpus_path}: line {lineno}"
         require_fields(record, ("_id", "text"), where)
+        item_id = str(record["_id"])
         title = str(record.get("title") or "").strip()
         text = str(record["text"] or "").strip()
-        if not title:
-            untitled += 1
-            title = _short_title(text)
-        if not title:
+        if not title and not text:
             raise ValueError(f"{where}: empty 'title' and 'text'")
-        items.append({"item_id": str(record["_id"]), "title": title, "text": text})
-        item_ids.append((str(record["_id"]), lineno))
-    check_unique([i for i, _ in item_ids], str(corpus_path), "_id", row_offset=1, unit="record")
+        row = {"item_id": item_id, "title": title, "text": text}
+        if item_id in items:
+            if items[item_id] != row:
+                raise ValueError(f"{where}: duplicate _id {item_id!r} (first at line {first_line[item_id]}) "
+                                 "with different fields (the same id must mean the same record)")
+            dups.add("documents", f"{corpus_path.name}: line {lineno}: _id {item_id!r} again (first at line "
+                                  f"{first_line[item_id]})")
+            continue
+        items[item_id], first_line[item_id] = row, lineno
+    for row in items.values():
+        if not row["title"]:
+            untitled += 1
+            row["title"] = row["item_id"]
     query_text: dict[str, str] = {}
+    query_line: dict[str, int] = {}
     for lineno, record in read_jsonl(queries_path):
         where = f"{queries_path}: line {lineno}"
         require_fields(record, ("_id", "text"), where)
         qid = str(record["_id"])
-        if qid in query_text:
-            raise ValueError(f"{where}: duplicate _id {qid!r}")
         text = str(record["text"] or "").strip()
         if not text:
             raise ValueError(f"{where}: empty 'text'")
-        query_text[qid] = text
+        if qid in query_text:
+            if query_text[qid] != text:
+                raise ValueError(f"{where}: duplicate _id {qid!r} (first at line {query_line[qid]}) with another text")
+            dups.add("queries", f"{queries_path.name}: line {lineno}: _id {qid!r} again (first at line {query_line[qid]})")
+            continue
+        query_text[qid], query_line[qid] = text, lineno
 
     require_dir(qrels_dir, "qrels folder")
     files = sorted(qrels_dir.glob("*.tsv"))
     if not files:
         raise FileNotFoundError(f"{qrels_dir}: no qrels/*.tsv files")
-    known_items = {i for i, _ in item_ids}
     split_of: dict[str, tuple[str, str]] = {}
-    rows: list[tuple[str, str, int]] = []
+    grade_of: dict[tuple[str, str], int] = {}
+    judged_at: dict[tuple[str, str], str] = {}
     for path in files:
         if path.stem not in BEIR_SPLITS:
             raise ValueError(f"{path}: file name must give the split ({', '.join(f'{k}.tsv' for k in BEIR_SPLITS)})")
@@ -446,7 +607,7 @@ def load_beir(source: Path) -> Loaded:
         for row, (qid, iid, score) in enumerate(zip(table["query-id"], table["corpus-id"], table["score"]), start=2):
             if qid not in query_text:
                 raise ValueError(f"{path}: row {row}: query-id {qid!r} is not in {queries_path.name}")
-            if iid not in known_items:
+            if iid not in items:
                 raise ValueError(f"{path}: row {row}: corpus-id {iid!r} is not in {corpus_path.name}")
             try:
                 grade = int(score)
@@ -455,15 +616,22 @@ def load_beir(source: Path) -> Loaded:
             earlier = split_of.setdefault(qid, (split, path.name))
             if earlier[0] != split:
                 raise ValueError(f"{path}: row {row}: query {qid!r} is also judged in {earlier[1]} (one split per query)")
-            rows.append((qid, iid, grade))
-    qrels = _qrels(rows).drop_duplicates(["query_id", "item_id"], keep="last")
+            pair = (qid, iid)
+            if pair in grade_of:
+                dups.add("judgements", f"{path.name}: row {row}: ({qid!r}, {iid!r}) judged again (first at "
+                                       f"{judged_at[pair]}; the highest score is kept)")
+                grade_of[pair] = max(grade_of[pair], grade)
+                continue
+            grade_of[pair], judged_at[pair] = grade, f"{path.name} row {row}"
+    qrels = _qrels([(q, i, g) for (q, i), g in grade_of.items()])
     judged = [q for q in query_text if q in split_of]
     queries = pd.DataFrame(
         {"query_id": judged, "text": [query_text[q] for q in judged], "split": [split_of[q][0] for q in judged]}
     )
     grades = tuple(sorted(set(int(g) for g in qrels["grade"]))) or (1,)
-    meta = {"qrels_files": [p.name for p in files], "unjudged_queries_dropped": len(query_text) - len(judged), "untitled_docs": untitled}
-    return Loaded(pd.DataFrame(items), queries, qrels, grades=grades, meta=meta)
+    meta = {"qrels_files": [p.name for p in files], "unjudged_queries_dropped": len(query_text) - len(judged),
+            "untitled_docs": untitled, "untitled_docs_title": "the document _id"}
+    return Loaded(pd.DataFrame(list(items.values())), queries, qrels, grades=grades, meta=meta, duplicates=dups)
 
 
 # ---------------------------------------------------------------------------------- image captions
@@ -506,11 +674,19 @@ def load_image_captions(source: Path, *, lang: str | None = None) -> Loaded:
     for image, (_, row) in image_split.items():
         if not (images_dir / image).is_file():
             raise FileNotFoundError(f"{tsv}: row {row}: image file {images_dir / image} does not exist")
-    query_ids = (table["image"] + "#" + table["lang"] + "#" + table["idx"]).tolist()
-    dup = first_duplicate(query_ids)
-    if dup is not None:
-        first, again = (int(table["row"].iloc[i]) for i in dup)
-        raise ValueError(f"{tsv}: row {again}: duplicate caption {query_ids[dup[1]]!r} (image#lang#idx; first at row {first})")
+    dups = Duplicates()
+    table = table.assign(query_id=table["image"] + "#" + table["lang"] + "#" + table["idx"])
+    repeated = table.duplicated(subset=["query_id"], keep="first").to_numpy()
+    if repeated.any():
+        first_row = dict(zip(table.loc[~repeated, "query_id"], table.loc[~repeated, "row"]))
+        first_caption = dict(zip(table.loc[~repeated, "query_id"], table.loc[~repeated, "caption"]))
+        for qid, caption, row in table.loc[repeated, ["query_id", "caption", "row"]].itertuples(index=False):
+            where = f"row {row}: duplicate caption {qid!r} (image#lang#idx; first at row {first_row[qid]})"
+            if caption.strip() != first_caption[qid].strip():
+                raise ValueError(f"{tsv}: {where} with another text")
+            dups.add("captions", f"{tsv.name}: {where}")
+        table = table[~repeated]
+    query_ids = table["query_id"].tolist()
     items = pd.DataFrame(
         {
             "item_id": list(image_split),
@@ -525,4 +701,4 @@ def load_image_captions(source: Path, *, lang: str | None = None) -> Loaded:
     )
     qrels = _qrels([(q, image, 1) for q, image in zip(query_ids, table["image"])])
     meta = {"lang": lang, "images_dir": str(images_dir.resolve()), "images_without_split_to_train": len(unsplit_images)}
-    return Loaded(items, queries, qrels, grades=(1,), meta=meta)
+    return Loaded(items, queries, qrels, grades=(1,), meta=meta, duplicates=dups)

@@ -4,7 +4,8 @@ One expectation suite per table (items, queries, qrels). Cross-table rules are o
 expectations whose value set is the other table's ids (``qrels.item_id`` in
 ``items.item_id``, ...). "Every val/test query has a relevant item" is ``query_id`` in the
 set of queries holding a qrel with grade > 0, restricted by a GE row condition to the
-val/test rows.
+val/test rows. "At least one train query has a relevant item" is: among the queries with a
+relevant item (a row condition), the distinct splits contain ``train``.
 
 ``validate()`` returns a :class:`ValidationReport` (``.ok``, ``.failures``) and, given a
 path, writes it as JSON plus a short Markdown twin. ``ensure_valid()`` raises
@@ -148,7 +149,10 @@ def build_suites(dataset: Dataset) -> dict[str, Any]:
     item_ids = sorted(set(items["item_id"].dropna()) & set(qrels["item_id"].dropna()))
     query_ids = sorted(set(queries["query_id"].dropna()) & set(qrels["query_id"].dropna()))
     eval_queries = set(queries.loc[queries["split"].isin(["val", "test"]), "query_id"].dropna())
-    answered = sorted(eval_queries & set(qrels.loc[qrels["grade"] > 0, "query_id"].dropna()))
+    relevant = set(qrels.loc[qrels["grade"] > 0, "query_id"].dropna())
+    answered = sorted(eval_queries & relevant)
+    # Queries that have a relevant item (any split); "" keeps the condition valid when there is none.
+    with_relevant = sorted(relevant & set(queries["query_id"].dropna())) or [""]
 
     def suite(name: str, expectations: list[Any]) -> Any:
         s = gx.ExpectationSuite(name=f"coevo.{name}")
@@ -178,6 +182,12 @@ def build_suites(dataset: Dataset) -> dict[str, Any]:
                     column="query_id", value_set=answered, row_condition=Column("split").is_in(["val", "test"])
                 ),
                 "every val/test query has at least one relevant item (grade > 0)",
+            ),
+            _rule(
+                E.ExpectColumnDistinctValuesToContainSet(
+                    column="split", value_set=["train"], row_condition=Column("query_id").is_in(with_relevant)
+                ),
+                "at least one train query has a relevant item (grade > 0): training needs a signal",
             ),
         ]),
         "qrels": suite("qrels", [
@@ -269,6 +279,8 @@ def validate(dataset_or_dir: Dataset | str | Path, report_path: str | Path | Non
                     values = [error]
                 elif column == "(table)":
                     values = [f"{details.get('observed_value')} rows"]
+                elif details.get("partial_missing_list"):
+                    values = [f"no {v!r} value where the rule applies" for v in details["partial_missing_list"]]
                 else:
                     values = _offending(details, table, column)
                 report.failures.append(Failure(table, config.type, column, count, values, config.notes or ""))

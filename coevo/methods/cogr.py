@@ -107,6 +107,55 @@ def _knobs(exclude: Sequence[str] = (), only: Sequence[str] | None = None) -> tu
     return ("seed", *(f"cogr.{n}" for n in names))
 
 
+def _grpo_knobs(kind: str) -> tuple[str, ...]:
+    """A GRPO phase's knobs: everything but the rounds and early stopping, less the other
+    side's epochs (a query phase does not depend on cogr.grpo.item_epochs, nor an item phase
+    on query_epochs except through the phases it reads)."""
+    from coevo.config import CoGRGRPOParams
+
+    other = "item_epochs" if kind == QUERY else "query_epochs"
+    grpo = tuple(f"cogr.grpo.{n}" for n in CoGRGRPOParams.model_fields if n != other)
+    return (*_knobs((*NOT_GRPO_KNOBS, "grpo")), *grpo)
+
+
+# A prompt column of this name makes train_grpo's reward wrapper (which forwards the prompt
+# columns by name) hand our reward TRL's ``completion_ids`` keyword argument: the sampled
+# token ids, whose last token tells a completion cut by the token limit (no end of sequence).
+COMPLETION_IDS = "completion_ids"
+
+
+def truncation_flags(generator, max_tokens: int):
+    """``flags(completion_ids, texts)``: per completion, True when it was cut by the token limit.
+
+    The rule is TRL's own (``mask_truncated_completions``): the last sampled token is neither
+    an end-of-sequence nor the pad token. Without ids (another trainer path) it falls back to
+    counting the text's tokens against ``max_tokens``.
+    """
+    tokenizer = generator.tokenizer
+    ends = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    config_eos = getattr(getattr(generator.model, "generation_config", None), "eos_token_id", None)
+    ends.update(config_eos if isinstance(config_eos, (list, tuple)) else [config_eos])
+    ends.discard(None)
+
+    def flags(completion_ids: Sequence[Sequence[int]] | None, texts: Sequence[Any]) -> list[bool]:
+        if completion_ids is not None:
+            return [len(ids) > 0 and int(ids[-1]) not in ends for ids in completion_ids]
+        from coevo.models.prompts import completion_text
+
+        return [len(tokenizer(completion_text(t), add_special_tokens=False)["input_ids"]) >= max_tokens for t in texts]
+
+    return flags
+
+
+def kmax_budget_tokens(tokenizer, keyword_sets: Mapping[str, Sequence[str]], k_max: int) -> int:
+    """Tokens a list of k_max + 1 of the side's most frequent keywords takes (", "-joined, plus
+    the end of sequence): the completion budget the K_max penalty needs to be reachable."""
+    counts = Counter(k for kws in keyword_sets.values() for k in kws)
+    common = [k for k, _ in counts.most_common(k_max + 1)] or ["keyword"]
+    words = [common[i % len(common)] for i in range(k_max + 1)]
+    return len(tokenizer(", ".join(words), add_special_tokens=False)["input_ids"]) + 1
+
+
 class CoGR(Method):
     """One CoGR training run in ``run_dir`` (see the module docstring for the layout).
 
@@ -117,7 +166,7 @@ class CoGR(Method):
     name = "cogr"
     title = "CoGR"
     code = ("coevo.methods.base", "coevo.methods.cogr", "coevo.methods.cogr_report", "coevo.models", "coevo.train", "coevo.rewards",
-            "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime")
+            "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime", "coevo.compute")
     plan_params = ("cogr.rounds", "cogr.sft_init", "cogr.query_side_only", "cogr.early_stopping")
     table_metrics = ("f1", "recall@100", "ndcg@10")
 
@@ -193,7 +242,7 @@ class CoGR(Method):
                                  (f"phases/{spec.name}",), reads=("seed",) if self.cfg.sft_init else (),
                                  monitored=True))
             else:
-                out.append(Phase(spec.name, f"round {spec.round} {spec.kind} GRPO", _knobs(NOT_GRPO_KNOBS),
+                out.append(Phase(spec.name, f"round {spec.round} {spec.kind} GRPO", _grpo_knobs(spec.kind),
                                  (f"phases/{spec.name}",), reads=(out[-1].name,), monitored=True,
                                  stoppable=True))
         return out
@@ -242,11 +291,20 @@ class CoGR(Method):
 
     # --------------------------------------------------------------- keywords
     def _generate_keywords(self, generator, prompts: Sequence[Any], description: str, *, seed: int) -> list[tuple[str, ...]]:
-        """Greedy keyword sets (parsed, normalised, at most k_max) for index building."""
+        """Greedy keyword sets (parsed, normalised, at most k_max) for index building.
+
+        Parsed tolerantly (a chat preamble or trailing explanation is dropped, the keywords
+        kept): an index entry is the model's best reading of each item or query. The GRPO
+        rewards are strict (coevo.rewards.cogr), so the policy learns to write bare lists."""
         from coevo.retrieval.keywords import parse_keywords
 
-        outputs = generator.generate(
+        from coevo.compute import generate_texts
+
+        outputs = generate_texts(
+            generator,
             prompts,
+            compute=self.params.compute,  # local, or Ray Data shards (same greedy outputs)
+            scratch=self._compute_scratch,
             batch_size=self.generation_batch_size,
             temperature=0.0,
             max_new_tokens=self.cfg.sampling.max_new_tokens,
@@ -255,6 +313,11 @@ class CoGR(Method):
             description=description,
         )
         return [parse_keywords(out[0]).keywords[: self.cfg.k_max] for out in outputs]
+
+    @property
+    def _compute_scratch(self) -> Path:
+        """Where a Ray pass saves an in-memory generator for its workers (inside the run folder)."""
+        return self.run_dir / "scratch" / "compute"
 
     def _item_prompts(self, item_ids: Sequence[str]) -> list[Any]:
         return [item_messages(self.item_title[i], self.item_desc[i]) for i in item_ids]
@@ -292,8 +355,13 @@ class CoGR(Method):
         seed = phase_seed(self.seed, -1)
         with seeded(seed):
             g0 = self._new_generator(name, lora=False)
-        samples = g0.generate(
+        from coevo.compute import generate_texts
+
+        samples = generate_texts(
+            g0,
             self._item_prompts(self.item_ids),
+            compute=self.params.compute,
+            scratch=self._compute_scratch,
             num_return_sequences=SEED_SAMPLES,
             temperature=self.cfg.seed_temperature,
             top_p=self.cfg.sampling.top_p,
@@ -382,12 +450,14 @@ class CoGR(Method):
             scratch = self.run_dir / "scratch"
             if self.cfg.shared_generator:
                 self._say(f"SFT shared generator on {len(examples[QUERY])} query + {len(examples[ITEM])} item targets")
-                m = train_sft(gens[QUERY], examples[QUERY] + examples[ITEM], self.cfg.sft, scratch / "sft", seed)
+                m = train_sft(gens[QUERY], examples[QUERY] + examples[ITEM], self.cfg.sft, scratch / "sft", seed,
+                              what=f"phase {spec.name} (shared generator)", knob="cogr.sft")
                 train_metrics.update({k.split("/", 1)[-1]: v for k, v in m.items()})
             else:
                 for side in (QUERY, ITEM):
                     self._say(f"SFT {side} generator on {len(examples[side])} targets")
-                    m = train_sft(gens[side], examples[side], self.cfg.sft, scratch / f"sft_{side}", seed)
+                    m = train_sft(gens[side], examples[side], self.cfg.sft, scratch / f"sft_{side}", seed,
+                                  what=f"phase {spec.name} ({side} generator)", knob="cogr.sft")
                     train_metrics.update({f"{side}_{k.split('/', 1)[-1]}": v for k, v in m.items()})
                     if side == QUERY:
                         train_metrics["loss"] = m["train/loss"]
@@ -413,15 +483,21 @@ class CoGR(Method):
             gens = self._load_generators(index - 1)
         rng = np.random.default_rng(seed)
         cap = self.cfg.grpo.max_prompts_per_phase
+        budget = self.cfg.grpo.max_completion_length
+        truncated = truncation_flags(gens[spec.kind], budget)
+        # A completion cut by the token limit gets -1 and is never parsed (rewards/cogr.py). It is
+        # not masked out of the loss (TRL's mask_truncated_completions stays off unless set in
+        # cogr.grpo.trl): its -1 is what teaches the policy to end its list within the budget.
         if spec.kind == QUERY:
             pool = [q for q in self.train_query_ids if q in self.train_qrels]
             chosen = sorted(rng.choice(pool, size=cap, replace=False)) if cap and cap < len(pool) else pool
             reward = QueryReward(InvertedIndex.from_keyword_sets(keywords["items"]), self.train_qrels, self.cfg.k_max)
 
-            def reward_fn(completions: list[str], query_id: list[str]) -> list[float]:
-                return reward(query_id, completions)
+            def reward_fn(completions: list[str], query_id: list[str], completion_ids=None) -> list[float]:
+                return reward(query_id, completions, truncated=truncated(completion_ids, completions))
 
-            rows = [{"prompt": query_messages(self.query_text[q]), "query_id": q} for q in chosen]
+            rows = [{"prompt": query_messages(self.query_text[q]), "query_id": q, COMPLETION_IDS: None} for q in chosen]
+            side_sets = keywords["queries_train"]
         else:
             pool = list(self.item_ids)
             chosen = sorted(rng.choice(pool, size=cap, replace=False)) if cap and cap < len(pool) else pool
@@ -429,11 +505,18 @@ class CoGR(Method):
                 keywords["queries_train"], keywords["items"], self.train_qrels, self.cfg.k_max, mode=self.cfg.item_reward
             )
 
-            def reward_fn(completions: list[str], item_id: list[str]) -> list[float]:
-                return reward(item_id, completions)
+            def reward_fn(completions: list[str], item_id: list[str], completion_ids=None) -> list[float]:
+                return reward(item_id, completions, truncated=truncated(completion_ids, completions))
 
-            rows = [{"prompt": item_messages(self.item_title[i], self.item_desc[i]), "item_id": i} for i in chosen]
+            rows = [{"prompt": item_messages(self.item_title[i], self.item_desc[i]), "item_id": i, COMPLETION_IDS: None}
+                    for i in chosen]
+            side_sets = keywords["items"]
         reward_fn.__name__ = f"{spec.kind}_reward"
+        needed = kmax_budget_tokens(gens[spec.kind].tokenizer, side_sets, self.cfg.k_max)
+        if needed > budget:
+            log.warning("cogr.grpo.max_completion_length=%d cannot hold k_max + 1 = %d keywords (about %d tokens): "
+                        "the K_max penalty cannot fire; completions cut at the limit get -1 instead",
+                        budget, self.cfg.k_max + 1, needed)
         self._say(f"phase {spec.name}: GRPO on {len(rows)} {spec.kind} prompts (round {spec.round})")
         with seeded(seed):
             result = train_grpo(
@@ -443,12 +526,14 @@ class CoGR(Method):
                 self.cfg.grpo,
                 self.run_dir / "scratch" / spec.name,
                 seed,
-                epochs=self.cfg.grpo.epochs_per_side,
+                epochs=self.cfg.grpo.query_epochs if spec.kind == QUERY else self.cfg.grpo.item_epochs,
                 temperature=self.cfg.sampling.temperature,
                 top_p=self.cfg.sampling.top_p,
                 use_vllm=self.use_vllm,
+                what=f"phase {spec.name}",
+                knob="cogr.grpo",
             )
-        train_metrics = {**result, "prompts": len(rows)}
+        train_metrics = {**result, "prompts": len(rows), "kmax_budget_tokens": needed}
         changed = (QUERY, ITEM) if self.cfg.shared_generator else (spec.kind,)
         return self._finish_phase(spec, gens, changed=changed, train_metrics=train_metrics, started=started)
 
@@ -552,10 +637,12 @@ class CoGR(Method):
             raise FileNotFoundError(f"{path}: phase {index} has not finished")
         return read_json(path)
 
-    def evaluate(self, index: int, split: str) -> dict[str, Any]:
-        """Evaluate the keyword sets of finished phase ``index`` on ``split``: the mean metrics,
-        per-query values and the query count. Query keywords of a split other than val are
-        generated with the phase's query generator."""
+    def evaluate(self, index: int, split: str, *, cutoffs: Sequence[int] | None = None,
+                 per_query: bool = False) -> dict[str, Any]:
+        """Evaluate the keyword sets of finished phase ``index`` on ``split``: the mean metrics
+        (ranked ones at ``cutoffs``, default the library's), the query count and, with
+        ``per_query``, the per-query values ({metric: {query_id: value}}). Query keywords of
+        a split other than val are generated with the phase's query generator."""
         from coevo.retrieval.evaluate import evaluate_keyword_retrieval
 
         kw = self.keywords(index)
@@ -570,11 +657,15 @@ class CoGR(Method):
         query_ids = [q for q in queries if q in qrels]
         if not query_ids:
             raise ValueError(f"{self.dataset_dir}: no {split} query has a relevant item; nothing to evaluate")
-        metrics = evaluate_keyword_retrieval(queries, kw["items"], qrels, query_ids=query_ids)
-        return {k: float(v) for k, v in metrics.items()} | {"n_queries": len(query_ids)}
+        evaluation = evaluate_keyword_retrieval(queries, kw["items"], qrels, cutoffs=cutoffs, query_ids=query_ids,
+                                                per_query=True)
+        out = {k: float(v) for k, v in evaluation.means().items()} | {"n_queries": evaluation.n_queries}
+        return out | {"per_query": evaluation.per_query} if per_query else out
 
     def final_evaluation(self, split: str) -> dict[str, Any]:
-        """The start (phase 0) and the phase chosen on val, evaluated once on ``split``."""
+        """The start (phase 0) and the phase chosen on val, evaluated once on ``split`` at the
+        ``evaluation.cutoffs``; each row keeps its per-query values (``per_query``: {metric:
+        {query_id: value}}) for the paired comparisons of the final table."""
         best = self.best_phase()
         start = self.schedule()[0].name
         rows = []
@@ -582,10 +673,11 @@ class CoGR(Method):
             label = {"sft": "SFT start", "base": "untrained start"}.get(self.schedule()[0].kind) if name == start \
                 else f"best phase {name}"
             rows.append({"label": label, "phase": name, "split": split,
-                         **self.evaluate(self._index_of(name), split)})
+                         **self.evaluate(self._index_of(name), split, cutoffs=self.params.evaluation.cutoffs,
+                                         per_query=True)})
         if best == start:
             rows.append({**rows[0], "label": f"best phase {best}"})
-        return {"split": split, "best_phase": best, "rows": rows}
+        return {"split": split, "best_phase": best, "start_phase": start, "rows": rows}
 
     def exports(self, index_dir: Path, final: Mapping[str, Any]) -> dict[str, Any]:
         """The chosen phase's item keywords as a Lucene index that pyserini can search."""

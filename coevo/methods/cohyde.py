@@ -5,15 +5,21 @@ inside a round every step is checkpointed, so an interrupted round resumes at it
 
 - ``raw``         the raw encoder on the raw query (val)
 - ``s1a``         fine-tune the encoder on (query, tool) pairs, tools in random formats
-- ``s1b``         warm the rewriter by next-token training on the tool corpus (5 formats)
+- ``s1b``         warm the rewriter by next-token training on the tool corpus (5 formats);
+                  ``s1b_warmup: false`` skips it (the "without S1b" ablation)
 - ``hyde``        vanilla HyDE: the untrained rewriter's description under the S1a encoder (val)
-- ``round_<r>``   S2 one greedy description per training query; S3 continue training the
-                  encoder on (description, tool) pairs only; S4 sample ``num_samples``
-                  descriptions at ``sample_temperature``, score each by NDCG@5 under the new
-                  encoder, DPO on best vs worst (ties dropped)
+- ``round_<r>``   S2 one greedy description per training query; S3 train the encoder on
+                  (description, tool) pairs only, starting from the S1a encoder (``s3_init:
+                  s1a``, the default: the paper "retrains" it each round) or from the previous
+                  round's (``previous_round``); S4 sample ``num_samples`` descriptions at
+                  ``sample_temperature``, score each by NDCG@5 under the new encoder, DPO on
+                  best vs worst (ties dropped)
 Every evaluation reports NDCG@5 and Recall@5 per group (G1, G2, G3) and overall on the val
 split (early stopping and round selection); the test split is read once, by
-:meth:`CoHyDE.final_evaluation`. Rewriter stages encode only the description.
+:meth:`CoHyDE.final_evaluation`. Rewriter stages encode only the description. A round is
+evaluated with its own rewriter and encoder, or, for the paper's ablations
+(``eval_pairing``), its rewriter with the S1a encoder or the untrained rewriter with its
+encoder (:data:`PAIRINGS`).
 
 Layout of ``run_dir``::
 
@@ -75,7 +81,12 @@ def round_stage(r: int) -> str:
 
 ENCODER_KNOBS = ("encoder", "index_format")
 S1A_KNOBS = (*ENCODER_KNOBS, "encoder_training", "max_train_queries")
-REWRITER_KNOBS = ("generator", "lora", "warmup", "warmup_formats_per_item", "warmup_max_examples", "max_train_queries")
+REWRITER_KNOBS = ("generator", "lora", "warmup", "warmup_formats_per_item", "warmup_max_examples", "max_train_queries",
+                  "s1b_warmup")
+# (encoder stage, rewriter stage) a round is evaluated with, by cohyde.eval_pairing ("round" = the
+# round's own; HYDE's rewriter is the untrained one of vanilla HyDE).
+PAIRINGS = {"co_trained": ("round", "round"), "trained_rewriter_s1a_encoder": (S1A, "round"),
+            "vanilla_rewriter_co_trained_encoder": ("round", HYDE)}
 NOT_ROUND_KNOBS = ("rounds", "early_stopping")
 
 
@@ -85,7 +96,8 @@ class CoHyDE(Method):
     name = "cohyde"
     title = "CoHyDE"
     code = ("coevo.methods.base", "coevo.methods.cohyde", "coevo.models", "coevo.train", "coevo.rewards",
-            "coevo.retrieval", "coevo.data.schema", "coevo.data.render", "coevo.io", "coevo.runtime")
+            "coevo.retrieval", "coevo.data.schema", "coevo.data.render", "coevo.io", "coevo.runtime",
+            "coevo.compute")
     plan_params = ("cohyde.rounds", "cohyde.early_stopping")
     table_metrics = ("ndcg@5", "recall@5")
 
@@ -109,13 +121,16 @@ class CoHyDE(Method):
         out = [
             Phase(RAW, "raw encoder", c(*ENCODER_KNOBS), ("raw", "eval/raw.json")),
             Phase(S1A, "S1a encoder", c(*S1A_KNOBS), ("s1a", "eval/s1a.json")),
-            Phase("s1b", "S1b rewriter warm-up", c(*REWRITER_KNOBS), ("base_generator", "s1b")),
+            Phase("s1b", "S1b rewriter warm-up" if self.cfg.s1b_warmup else "S1b skipped (ablation)",
+                  c(*REWRITER_KNOBS), ("base_generator", "s1b")),
             Phase(HYDE, "vanilla HyDE", c("max_new_tokens"), ("eval/hyde.json",), reads=(S1A, "s1b"),
                   monitored=True),
         ]
+        # Every other knob (s3_init and eval_pairing included) is part of the rounds' keys.
         round_knobs = c(*(n for n in type(self.cfg).model_fields if n not in NOT_ROUND_KNOBS))
         for r in range(1, self.cfg.rounds + 1):
-            reads = (S1A, "s1b", HYDE) if r == 1 else (round_stage(r - 1),)
+            reads = (S1A, "s1b", HYDE) if r == 1 else (
+                (S1A, round_stage(r - 1)) if self.cfg.s3_init == "s1a" else (round_stage(r - 1),))
             out.append(Phase(round_stage(r), f"round {r} (S2-S4 + DPO)", round_knobs,
                              (round_stage(r), f"eval/{round_stage(r)}.json"), reads=reads, monitored=True,
                              stoppable=True, resumable=True))
@@ -207,12 +222,15 @@ class CoHyDE(Method):
         index = DenseIndex.load(path) if (path / "manifest.json").exists() else None
         if index is None or index.encoder != encoder_id or index.ids != list(self.items):
             # Missing, or built from another rendering or corpus: rebuild it.
-            from coevo.rewards.cohyde import encode_texts
+            from coevo.compute import embed_texts
 
             ids = list(self.items)
             texts = [self._render(i, self.cfg.index_format) for i in ids]
             log.info("indexing %d tools with the %s encoder", len(ids), stage)
-            emb = encode_texts(self._encoder(stage), texts, progress=len(texts) > 256)
+            # local: the encoder's own call; ray: Ray Data shards, the checkpoint loaded once per worker
+            emb = embed_texts(self._encoder(stage), texts, compute=self.params.compute,
+                              checkpoint=self.cfg.encoder if stage == RAW else str(self._encoder_dir(stage)),
+                              progress=len(texts) > 256)
             index = DenseIndex.build(ids, emb, encoder=encoder_id)
             index.save(path)
         self._indexes = {stage: index}
@@ -257,7 +275,8 @@ class CoHyDE(Method):
         queries = self.train_queries()
         pairs = self._pairs([(q["text"], q["relevant"]) for q in queries], salt=1)
         encoder = self._encoder(RAW)
-        stats = train_encoder(encoder, pairs, self.cfg.encoder_training, self._encoder_dir(S1A), self.seed)
+        stats = train_encoder(encoder, pairs, self.cfg.encoder_training, self._encoder_dir(S1A), self.seed,
+                              what="S1a encoder", knob="cohyde.encoder_training")
         self._encoders = {}
         index = self._index(S1A)
         result = {"stage": S1A, "train_queries": len(queries), "encoder": stats,
@@ -266,7 +285,10 @@ class CoHyDE(Method):
         return result
 
     def s1b(self) -> dict[str, Any]:
-        """S1b: next-token warm-up of the rewriter on the tool corpus rendered in several formats."""
+        """S1b: next-token warm-up of the rewriter on the tool corpus rendered in several formats.
+
+        With ``s1b_warmup: false`` (the "without S1b" ablation) the untrained rewriter is
+        saved as S1b's, so the rounds start from it."""
         marker = self._stage_dir("s1b") / "done.json"
         if marker.exists():
             return read_json(marker)
@@ -274,6 +296,11 @@ class CoHyDE(Method):
 
         self._set_threads()
         generator = self._generator("base")
+        if not self.cfg.s1b_warmup:
+            generator.save(self._generator_dir("s1b"))
+            result = {"stage": "s1b", "examples": 0, "skipped": "cohyde.s1b_warmup = false (ablation)"}
+            write_json(marker, result)
+            return result
         self._loaded_generator = None  # trained in place below: no longer the base rewriter
         rng = random.Random(self.seed * 1000 + 2)
         per_item = self.cfg.warmup_formats_per_item
@@ -284,7 +311,7 @@ class CoHyDE(Method):
             texts = [texts[i] for i in sorted(rng.sample(range(len(texts)), cap))]
         with tempfile.TemporaryDirectory(prefix="coevo-sft-") as scratch:
             stats = train_sft(generator, [{"text": t} for t in texts], self.cfg.warmup, scratch, self.seed,
-                              max_length=WARMUP_MAX_TOKENS)
+                              max_length=WARMUP_MAX_TOKENS, what="S1b warm-up", knob="cohyde.warmup")
         generator.save(self._generator_dir("s1b"))
         self._loaded_generator = ("s1b", generator)
         result = {"stage": "s1b", "examples": len(texts), "sft": jsonable(stats)}
@@ -293,19 +320,24 @@ class CoHyDE(Method):
 
     def describe(self, generator, queries: Sequence[Mapping[str, Any]], *, what: str) -> list[str]:
         """One greedy description per query (S2 and evaluation)."""
-        outs = generator.generate([rewriter_messages(q["text"]) for q in queries], num_return_sequences=1,
-                                  temperature=0.0, max_new_tokens=self.cfg.max_new_tokens,
-                                  seed=self.seed, description=what)
+        from coevo.compute import generate_texts
+
+        outs = generate_texts(generator, [rewriter_messages(q["text"]) for q in queries], compute=self.params.compute,
+                              scratch=self.run_dir / "scratch", num_return_sequences=1, temperature=0.0,
+                              max_new_tokens=self.cfg.max_new_tokens, seed=self.seed, description=what)
         return [o[0] for o in outs]
 
     def _round_inputs(self, r: int) -> tuple[str, str, str]:
-        """(stage, previous generator stage, previous encoder stage); earlier phases run first."""
+        """(stage, previous generator stage, encoder stage S3 starts from); earlier phases run first.
+
+        S3 starts from the S1a encoder in every round (``s3_init: s1a``) or from the previous
+        round's (``previous_round``, chained)."""
         if r < 1:
             raise ValueError(f"rounds are numbered from 1, got {r}")
         if r == 1:
             return round_stage(1), "s1b", S1A
         prev = round_stage(r - 1)
-        return round_stage(r), prev, prev
+        return round_stage(r), prev, S1A if self.cfg.s3_init == "s1a" else prev
 
     def s2(self, r: int) -> list[str]:
         """S2 of round r: one greedy description per training query with the current rewriter."""
@@ -320,7 +352,8 @@ class CoHyDE(Method):
         return descriptions
 
     def s3(self, r: int) -> dict[str, Any]:
-        """S3 of round r: continue training the encoder on (description, tool) pairs only; re-index."""
+        """S3 of round r: train the encoder (from S1a or the previous round, ``s3_init``) on
+        (description, tool) pairs only; re-index."""
         stage, _, prev_enc = self._round_inputs(r)
         path = self._stage_dir(stage) / "s3.json"
         if path.exists():
@@ -337,7 +370,8 @@ class CoHyDE(Method):
             raise ValueError(f"{stage} S3: only {len(pairs)} (description, tool) pairs; the rewriter produced "
                              "empty descriptions for almost every query")
         encoder = self._encoder(prev_enc)
-        stats = train_encoder(encoder, pairs, self.cfg.encoder_training, self._encoder_dir(stage), self.seed + r)
+        stats = train_encoder(encoder, pairs, self.cfg.encoder_training, self._encoder_dir(stage), self.seed + r,
+                              what=f"{stage} S3 encoder", knob="cohyde.encoder_training")
         self._encoders, self._indexes = {}, {}
         result = {"encoder": stats, "index": self._index(stage).manifest(),
                   "empty_descriptions": len(descriptions) - len(anchors)}
@@ -352,8 +386,11 @@ class CoHyDE(Method):
             return read_json(path)["samples"]
         self._set_threads()
         queries = self.train_queries()
-        samples = self._generator(prev_gen).generate(
-            [rewriter_messages(q["text"]) for q in queries], num_return_sequences=self.cfg.num_samples,
+        from coevo.compute import generate_texts
+
+        samples = generate_texts(
+            self._generator(prev_gen), [rewriter_messages(q["text"]) for q in queries], compute=self.params.compute,
+            scratch=self.run_dir / "scratch", num_return_sequences=self.cfg.num_samples,
             temperature=self.cfg.sample_temperature, top_p=1.0, max_new_tokens=self.cfg.max_new_tokens,
             seed=self.seed + r, description=f"{stage} S4 sampling")
         write_json(path, {"query_ids": [q["query_id"] for q in queries], "samples": samples})
@@ -395,7 +432,8 @@ class CoHyDE(Method):
         if pairs:
             from coevo.train.dpo import train_dpo
 
-            stats = train_dpo(generator, pairs, self.cfg.dpo, self.cfg.dpo_beta, out, self.seed + r)
+            stats = train_dpo(generator, pairs, self.cfg.dpo, self.cfg.dpo_beta, out, self.seed + r,
+                              what=f"{stage} DPO", knob="cohyde.dpo")
         else:
             # Every query tied: no preference signal, the rewriter carries over unchanged.
             generator.save(out)
@@ -420,8 +458,11 @@ class CoHyDE(Method):
         return result
 
     # ------------------------------------------------------------ evaluation
-    def evaluate(self, stage: str, splits: Sequence[str] = (MONITOR_SPLIT,), store: bool = True) -> dict[str, Any]:
-        """NDCG@5 / Recall@5 per group and overall on ``splits`` for ``stage`` (stored for val)."""
+    def evaluate(self, stage: str, splits: Sequence[str] = (MONITOR_SPLIT,), store: bool = True,
+                 cutoffs: Sequence[int] | None = None) -> dict[str, Any]:
+        """NDCG@5 / Recall@5 per group and overall on ``splits`` for ``stage`` (stored for val).
+        With ``cutoffs``, also every ranked metric over all queries at those cut-offs:
+        ``overall`` ({metric: mean}) and ``per_query`` ({metric: {query_id: value}}), per split."""
         path = self.run_dir / "eval" / f"{stage}.json"
         if store and path.exists():
             return read_json(path)
@@ -436,7 +477,7 @@ class CoHyDE(Method):
             encoder_stage, generator_stage = S1A, HYDE
         elif stage.startswith("round_") and stage[6:].isdigit():
             self.round(int(stage[6:]))
-            encoder_stage = generator_stage = stage
+            encoder_stage, generator_stage = (stage if s == "round" else s for s in PAIRINGS[self.cfg.eval_pairing])
         else:
             raise ValueError(f"unknown CoHyDE stage {stage!r}: expected raw, s1a, hyde or round_<r>")
         self._set_threads()
@@ -444,7 +485,8 @@ class CoHyDE(Method):
 
         generator = self._generator(generator_stage) if generator_stage else None
         encoder, index = self._encoder(encoder_stage), self._index(encoder_stage)
-        result: dict[str, Any] = {"stage": stage, "splits": {}, "examples": {}}
+        result: dict[str, Any] = {"stage": stage, "encoder": encoder_stage, "rewriter": generator_stage,
+                                  "splits": {}, "examples": {}}
         for split in splits:
             queries = self._queries(split)
             if not queries:
@@ -455,22 +497,36 @@ class CoHyDE(Method):
                                              for q, d in zip(queries[:5], texts[:5])]
             else:
                 texts = [q["text"] for q in queries]
-            rankings = index.rank_corpus(encode_texts(encoder, texts), max(METRIC_KS))
+            rankings = index.rank_corpus(encode_texts(encoder, texts), max((*METRIC_KS, *(cutoffs or ()))))
             result["splits"][split] = grouped_metrics(queries, rankings)
+            if cutoffs:
+                from coevo.retrieval.metrics import ranked_evaluation
+
+                evaluation = ranked_evaluation({q["query_id"]: list(r) for q, r in zip(queries, rankings)},
+                                               {q["query_id"]: dict(q["relevant"]) for q in queries}, cutoffs)
+                result.setdefault("overall", {})[split] = evaluation.means()
+                result.setdefault("per_query", {})[split] = evaluation.per_query
         if store:
             write_json(path, result)
         return result
 
     def final_evaluation(self, split: str) -> dict[str, Any]:
-        """Raw, S1a, vanilla HyDE and the round chosen on val, evaluated once on ``split``."""
+        """Raw, S1a, vanilla HyDE and the round chosen on val, evaluated once on ``split`` (every
+        ranked metric at the ``evaluation.cutoffs`` besides the per-group NDCG@5 / Recall@5);
+        each row keeps its per-query values (``per_query``) for the paired comparisons of the
+        final table (the chosen round vs vanilla HyDE, the start)."""
         best = self.best_phase()
         rows = []
         for stage in dict.fromkeys((RAW, S1A, HYDE, best)):
-            groups = self.evaluate(stage, splits=[split], store=False)["splits"][split]
+            result = self.evaluate(stage, splits=[split], store=False, cutoffs=self.params.evaluation.cutoffs)
+            groups = result["splits"][split]
             label = f"best round {best}" if stage == best and stage != HYDE else stage
-            rows.append({"label": label, "phase": stage, "split": split, **groups["overall"],
-                         "n_queries": groups["overall"]["n"], "groups": groups})
-        return {"split": split, "best_phase": best, "rows": rows}
+            if stage == best and stage.startswith("round_") and self.cfg.eval_pairing != "co_trained":
+                label += f" ({self.cfg.eval_pairing})"
+            rows.append({"label": label, "phase": stage, "split": split, **result["overall"][split],
+                         **groups["overall"], "n_queries": groups["overall"]["n"], "groups": groups,
+                         "per_query": result["per_query"][split]})
+        return {"split": split, "best_phase": best, "start_phase": HYDE, "rows": rows}
 
     def write_reports(self, metrics_file: Path, plots_csv: Path, report_dir: Path, final: Mapping[str, Any],
                       baselines: Mapping[str, Any]) -> list[str]:

@@ -97,7 +97,7 @@ class Grape(Method):
     name = "grape"
     title = "GRAPE"
     code = ("coevo.methods.base", "coevo.methods.grape", "coevo.models", "coevo.train", "coevo.rewards",
-            "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime")
+            "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime", "coevo.compute")
     table_metrics = ("recall@1", "recall@10", "mrr")
 
     def __init__(self, run_dir: str | Path, params: Params, dataset_dir: str | Path, *, progress: bool = False,
@@ -179,9 +179,26 @@ class Grape(Method):
         else:
             items = self.dataset.items.to_dict(orient="records")
             log.info("embedding %d corpus items with %s", len(items), retriever.encoder_id)
-            retriever.index_corpus(items).save(self.index_dir)
+            self._index_corpus(retriever, items).save(self.index_dir)
         assert retriever.index is not None
         return retriever.index.manifest()
+
+    def _index_corpus(self, retriever: FrozenRetriever, items: list[dict[str, Any]]):
+        """Corpus embedding through coevo.compute for text encoders (local: the encoder's own call;
+        ray: Ray Data shards, the encoder loaded once per worker; same vectors). CLIP embeds images
+        in process."""
+        from coevo.models.encoder import TextRetriever, item_text
+
+        if not isinstance(retriever, TextRetriever):
+            return retriever.index_corpus(items)
+        from coevo.compute import embed_texts
+        from coevo.retrieval.dense import DenseIndex
+
+        emb = embed_texts(retriever.model, [item_text(it["title"], it.get("text")) for it in items],
+                          compute=self.params.compute, checkpoint=retriever.name, scratch=self.run_dir / "scratch",
+                          batch_size=retriever.batch_size, progress=len(items) > 256)
+        return retriever.attach(DenseIndex.build([str(it["item_id"]) for it in items], emb,
+                                                 encoder=retriever.encoder_id))
 
     # ------------------------------------------------------------- rewriter
     def _corpus_text(self) -> list[str]:
@@ -220,30 +237,38 @@ class Grape(Method):
 
     def rewrite(self, generator: Any, texts: Sequence[str]) -> tuple[list[str], list[str | None]]:
         """Greedy rewrites: (raw completions, parsed rewrites or None when malformed)."""
-        completions = [c[0] for c in generator.generate(
-            [self._prompt(t) for t in texts], temperature=0.0,
+        from coevo.compute import generate_texts
+
+        completions = [c[0] for c in generate_texts(
+            generator, [self._prompt(t) for t in texts], compute=self.params.compute,
+            scratch=self.run_dir / "scratch", temperature=0.0,
             max_new_tokens=self.completion_budget(self.cfg.sampling.max_new_tokens),
             progress=len(texts) > 32, description="rewriting")]
         parser = self.parser(generator.tokenizer)
         return completions, [parser(c) for c in completions]
 
     # ------------------------------------------------------------ evaluation
-    def score_queries(self, queries: Sequence[Mapping[str, Any]], rewrites: Sequence[str | None]) -> dict[str, float]:
-        """Retrieval metrics and the inflation monitor for one split's (rewritten) queries.
+    def score_queries(self, queries: Sequence[Mapping[str, Any]], rewrites: Sequence[str | None], *,
+                      cutoffs: Sequence[int] = EVAL_KS, per_query: bool = False) -> dict[str, Any]:
+        """Retrieval metrics (at ``cutoffs``) and the inflation monitor for one split's
+        (rewritten) queries; with ``per_query``, also the ranked metrics' per-query values
+        (``per_query``: {metric: {query_id: value}}).
 
         A malformed rewrite is searched as the empty string (retrieval with nothing), and
         counted in ``malformed_fraction``.
         """
-        from coevo.retrieval.metrics import ranked_metrics
+        from coevo.retrieval.metrics import ranked_evaluation
         from coevo.rewards.grape import rank_reward
 
         retriever = self.retriever
         index = retriever.index
         assert index is not None
         embs = retriever.embed_queries([r if r else "" for r in rewrites])
-        rankings = index.rank_corpus(embs, k=max(EVAL_KS))
+        rankings = index.rank_corpus(embs, k=max(cutoffs))
         qrels = {q["query_id"]: q["relevant"] for q in queries}
-        metrics = ranked_metrics({q["query_id"]: r for q, r in zip(queries, rankings)}, qrels, ks=EVAL_KS)
+        evaluation = ranked_evaluation({q["query_id"]: r for q, r in zip(queries, rankings)}, qrels, cutoffs)
+        metrics = evaluation.means()
+        kept = [k for k in sorted(metrics) if k.split("@")[0] in ("recall", "mrr", "ndcg")]
         # Exact ranks and similarities of every (query, relevant item) pair.
         owners = np.concatenate([np.full(len(q["relevant"]), j) for j, q in enumerate(queries)])
         rows = index.rows([item for q in queries for item in q["relevant"]])
@@ -253,7 +278,8 @@ class Grape(Method):
         best_rank = np.full(len(queries), np.inf)
         np.minimum.at(best_rank, owners, ranks)
         return {
-            **{k: metrics[k] for k in sorted(metrics) if k.split("@")[0] in ("recall", "mrr", "ndcg")},
+            **{k: metrics[k] for k in kept},
+            **({"per_query": {k: evaluation.per_query[k] for k in kept}} if per_query else {}),
             "mrr": float(np.mean(1.0 / best_rank)),
             "mean_relevant_similarity": float(np.mean(np.bincount(owners, weights=sims) / counts)),
             "mean_rank_reward": float(np.mean(np.bincount(owners, weights=rank_reward(ranks, len(index))) / counts)),
@@ -262,7 +288,8 @@ class Grape(Method):
         }
 
     def evaluate(self, stage: str, *, splits: Sequence[str] = (MONITOR_SPLIT,), generator: Any = None,
-                 step: int | None = None, store: bool = True) -> dict[str, Any]:
+                 step: int | None = None, store: bool = True, cutoffs: Sequence[int] = EVAL_KS,
+                 per_query: bool = False) -> dict[str, Any]:
         """Evaluate ``raw``, ``untrained``, ``trained`` (or a mid-training ``step_<n>`` with
         the given generator) on ``splits``; stored in eval/<stage>.json (monitor/ for steps)."""
         path = self.eval_path(stage)
@@ -292,7 +319,7 @@ class Grape(Method):
                 completions, rewrites = texts, list(texts)
             else:
                 completions, rewrites = self.rewrite(generator, texts)
-            metrics = self.score_queries(queries, rewrites)
+            metrics = self.score_queries(queries, rewrites, cutoffs=cutoffs, per_query=per_query)
             metrics["examples"] = [{"query": t, "completion": c, "rewrite": r}
                                    for t, c, r in list(zip(texts, completions, rewrites))[:N_EXAMPLES]]
             result["splits"][split] = metrics
@@ -305,12 +332,16 @@ class Grape(Method):
         return result
 
     def final_evaluation(self, split: str) -> dict[str, Any]:
-        """Raw queries, the untrained and the trained rewriter, evaluated once on ``split``."""
+        """Raw queries, the untrained and the trained rewriter, evaluated once on ``split`` at
+        the ``evaluation.cutoffs``; each row keeps its per-query values (``per_query``) for
+        the paired comparisons of the final table (trained vs the untrained start)."""
         rows = []
         for stage in (RAW, UNTRAINED, TRAINED):
-            metrics = self.evaluate(stage, splits=[split], store=False)["splits"][split]
-            rows.append({"label": stage, "phase": stage, "split": split, **_numbers(metrics)})
-        return {"split": split, "best_phase": TRAINED, "rows": rows}
+            metrics = self.evaluate(stage, splits=[split], store=False, cutoffs=self.params.evaluation.cutoffs,
+                                    per_query=True)["splits"][split]
+            rows.append({"label": stage, "phase": stage, "split": split, **_numbers(metrics),
+                         "per_query": metrics["per_query"]})
+        return {"split": split, "best_phase": TRAINED, "start_phase": UNTRAINED, "rows": rows}
 
     def write_reports(self, metrics_file: Path, plots_csv: Path, report_dir: Path, final: Mapping[str, Any],
                       baselines: Mapping[str, Any]) -> list[str]:
@@ -363,6 +394,7 @@ class Grape(Method):
         """GRPO on the rewriter; monitor evaluations every ``eval_every`` steps (val split)."""
         from coevo.train.grpo import train_grpo
 
+        (self.run_dir / "monitor").mkdir(parents=True, exist_ok=True)  # an output even when no step is monitored
         generator = self.base_generator()
         monitor_split = MONITOR_SPLIT
         grpo = self.cfg.grpo.model_copy(
@@ -371,7 +403,7 @@ class Grape(Method):
             generator, self.train_prompts(), self.reward_fn(generator.tokenizer), grpo,
             self.run_dir / "train", self.seed, max_steps=self.cfg.grpo.steps,
             temperature=self.cfg.sampling.temperature, top_p=self.cfg.sampling.top_p,
-            callbacks=[self._monitor_callback(generator, monitor_split)],
+            callbacks=[self._monitor_callback(generator, monitor_split)], what="GRAPE GRPO", knob="grape.grpo",
         )
         generator.save(self.generator_dir)
         return summary

@@ -1,8 +1,9 @@
 """open_clip image-text retriever: images embedded once into the dense index, text queries.
 
 Model = an open_clip architecture name plus ``pretrained``: a public tag (downloaded by
-open_clip, so it needs the network or a warm cache), a local checkpoint file, or None for
-random weights. Examples:
+open_clip, so it needs the network or a warm cache) or a local checkpoint file. Random
+weights (``pretrained=None``) rank images at random, so they are refused (the error names
+``grape.clip_pretrained``) except for ``TINY_CLIP`` or with ``allow_random=True``. Examples:
 
     ClipRetriever("ViT-B-32", pretrained="laion2b_s34b_b79k")      # public weights
     ClipRetriever("ViT-B-32", pretrained="/models/vit_b_32.pt")     # a local file
@@ -23,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from coevo.config import TINY_CLIP_MODEL
 from coevo.retrieval.dense import FrozenRetriever
 
-TINY_CLIP = "coevo-tiny-clip"
+TINY_CLIP = TINY_CLIP_MODEL  # "coevo-tiny-clip": the params check knows it by the same name
 TINY_CLIP_CONFIG: dict[str, Any] = {
     "embed_dim": 32,
     "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 16, "patch_size": 8},
@@ -47,11 +49,12 @@ def register_model_config(name: str, config: Mapping[str, Any]) -> None:
     _registered.add(name)
 
 
-def load_clip(model_name: str, pretrained: str | None = None, device: str | None = None, seed: int = 0):
+def load_clip(model_name: str, pretrained: str | None = None, device: str | None = None, seed: int = 0, *,
+              allow_random: bool = False):
     """Return ``(model, preprocess, tokenizer)`` in eval mode.
 
     ``pretrained`` may be a public tag or a local checkpoint path; None gives random
-    weights (seeded, so two loads agree).
+    weights (seeded, so two loads agree), allowed only for ``TINY_CLIP`` or with ``allow_random``.
     """
     import open_clip
     import torch
@@ -61,6 +64,12 @@ def load_clip(model_name: str, pretrained: str | None = None, device: str | None
     if model_name not in open_clip.list_models() and not model_name.startswith(("hf-hub:", "local-dir:")):
         raise ValueError(f"CLIP model {model_name!r} is not an open_clip architecture "
                          f"(e.g. ViT-B-32, {TINY_CLIP}, hf-hub:ORG/NAME, local-dir:PATH)")
+    # hf-hub: and local-dir: models carry their weights with them.
+    if pretrained is None and not allow_random and model_name != TINY_CLIP and not model_name.startswith(
+            ("hf-hub:", "local-dir:")):
+        raise ValueError(f"CLIP model {model_name!r} without pretrained weights would rank images at random: set "
+                         f"grape.clip_pretrained (a public tag such as openai, or a local checkpoint file); only "
+                         f"{TINY_CLIP} runs without weights")
     if pretrained is not None and Path(pretrained).expanduser().suffix in {".pt", ".bin", ".pth", ".safetensors"}:
         if not Path(pretrained).expanduser().is_file():
             raise FileNotFoundError(f"CLIP checkpoint {pretrained}: file does not exist")
@@ -80,13 +89,15 @@ class ClipRetriever(FrozenRetriever):
     kind = "clip"
 
     def __init__(self, model_name: str = "ViT-B-32", pretrained: str | None = None, device: str | None = None,
-                 batch_size: int = 32, image_root: str | Path | None = None, seed: int = 0) -> None:
+                 batch_size: int = 32, image_root: str | Path | None = None, seed: int = 0,
+                 allow_random: bool = False) -> None:
         super().__init__()
         self.name = f"{model_name}@{pretrained or 'random'}"
         self.device = device or "cpu"
         self.batch_size = batch_size
         self.image_root = Path(image_root) if image_root is not None else None
-        self.model, self.preprocess, self.tokenizer = load_clip(model_name, pretrained, self.device, seed)
+        self.model, self.preprocess, self.tokenizer = load_clip(model_name, pretrained, self.device, seed,
+                                                                allow_random=allow_random)
 
     def _image_path(self, item: Mapping[str, Any]) -> Path:
         raw = item.get("image_path")

@@ -8,6 +8,23 @@ punctuation trimmed at both ends). A phrase stays one keyword ("family tree").
 around a comma-separated list (a "Keywords:" prefix, numbering, bullets, quotes, one
 keyword per line, a trailing explanation) but never hides a failure: output with nothing
 usable in it comes back as ``ok=False`` with a reason, not as an empty list.
+
+``strict=True`` is the rule the CoGR rewards use (reward -1 for anything else): the output
+must be a keyword list and nothing but one. Accepted, as in the tolerant mode: separators
+(comma, semicolon, ideographic comma, pipe, tab, newline), one bare label in front
+(``Keywords:``, ``Tags -``), bullets or numbering, quotes, a code fence, a trailing full
+stop, a closed ``<think>...</think>`` block in front (a reasoning model's format; skipped,
+its length is bounded by the token budget). Refused, each with its reason in ``error``:
+
+- a chat preamble: the output opens with a chat opener ("Sure!", "Certainly,", "Of course",
+  "Okay.", "Here is/are ...", "I'd/I'll/I can ...", "As an AI ...", "Below is ...");
+- prose anywhere: a segment of more than :data:`MAX_WORDS_PER_KEYWORD` words, a segment
+  opening like a sentence ("This tool ...", "These keywords ...", "Note: ..."), or a
+  sentence break followed by such prose ("a, b. These keywords cover ...");
+- an unfinished ``<think>`` block.
+
+The tolerant mode (indexing, evaluation, Algorithm 1 seeds) reads the same outputs kindly:
+it drops the preamble and the trailing explanation and keeps the keywords between them.
 """
 
 from __future__ import annotations
@@ -24,12 +41,26 @@ _KEEP_TRAILING = frozenset("#%")
 _EXTRA_TRIM = frozenset("`~|^<>=")
 
 _WHITESPACE = re.compile(r"\s+")
-_PREFIX = re.compile(
-    r"^\s*(?:here\s+(?:are|is)\b[^:\n]*|(?:the\s+)?(?:final\s+)?(?:search\s+)?"
-    r"(?:keywords?|key\s*words?|keyword\s+list|key\s*phrases?|tags?|terms?|output|answer))"
+# A bare label in front of the list ("Keywords:", "Final search terms -"): allowed in both modes.
+_LABEL = re.compile(
+    r"^\s*(?:the\s+)?(?:final\s+)?(?:search\s+)?"
+    r"(?:keywords?|key\s*words?|keyword\s+list|key\s*phrases?|tags?|terms?|output|answer)"
     r"\s*(?:\([^)\n]*\))?\s*[:：=\-]\s*",
     re.IGNORECASE,
 )
+# A chat preamble opening the output: "Sure! Here are the keywords:", "Certainly.", "Here is
+# the list:", "I'd suggest: ...". Single-word openers count only when punctuation follows
+# them (or they are the whole line), so that a keyword such as "ok google" stays a keyword.
+_CHAT_OPENER = re.compile(
+    r"^\s*(?:(?:sure|certainly|of\s+course|okay|ok|absolutely|alright|all\s+right|great|hello|hi|yes|"
+    r"no\s+problem|happy\s+to\s+help)\s*(?:[!.,:;—–-]|$)"
+    r"|here(?:'s|’s|\s+is|\s+are)\b|i(?:'d|’d|'ll|’ll|'m|’m|\s+would|\s+will|\s+can|\s+have|\s+think|\s+suggest)\b"
+    r"|as\s+an\s+ai\b|below\s+(?:is|are)\b)",
+    re.IGNORECASE,
+)
+# Where a preamble ends: its colon ("Sure! Here are the keywords: a, b").
+_PREAMBLE_END = re.compile(r"^[^:：\n]*[:：]\s*")
+_THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL | re.IGNORECASE)
 _BULLET = re.compile(r"^\s*(?:[-*•·‣◦▪►]+|\(?\d{1,3}\s*[.)\]:]|\d{1,3}\s+-)\s*")
 _SEPARATORS = re.compile(r"[,;，；、|\t]")
 # A sentence break inside a segment ("ancestry. These keywords ..."): the rest is prose.
@@ -89,7 +120,8 @@ def normalize_keyword(s: str) -> str:
 class ParsedKeywords:
     """Result of parsing one generator output.
 
-    ``ok`` is False exactly when no usable keyword was found; ``error`` then says why.
+    ``ok`` is False when no usable keyword was found or, in strict mode, when the output is
+    not a keyword list; ``error`` then says why and ``keywords`` is empty.
     """
 
     keywords: tuple[str, ...]
@@ -108,22 +140,34 @@ def _looks_like_prose(segment: str) -> bool:
     return bool(first) and first in _PROSE_INITIALS and bool(_PROSE_START.match(segment))
 
 
-def parse_keywords(text: str) -> ParsedKeywords:
+def parse_keywords(text: str, *, strict: bool = False) -> ParsedKeywords:
     """Parse raw generator output into normalised, de-duplicated keywords (order kept).
 
     Accepted shapes: ``a, b, c``; ``Keywords: a, b``; numbered or bulleted lines, one
-    keyword (or a comma list) per line; quoted keywords; a trailing explanation after the
-    list (a line or sentence of prose), which is dropped. Separators: comma, semicolon,
-    ideographic comma, pipe, tab, newline.
+    keyword (or a comma list) per line; quoted keywords. Separators: comma, semicolon,
+    ideographic comma, pipe, tab, newline. Tolerant mode (default): a chat preamble and an
+    explanation after the list (a line or sentence of prose) are dropped. ``strict=True``:
+    either makes the output "not a keyword list" (``ok=False``; see the module docstring).
     """
     if not isinstance(text, str):
         return ParsedKeywords((), False, f"expected a string, got {type(text).__name__}")
     if not text.strip():
         return ParsedKeywords((), False, "empty output")
 
+    def refuse(reason: str) -> ParsedKeywords:
+        return ParsedKeywords((), False, f"not a keyword list: {reason}")
+
+    text = unicodedata.normalize("NFKC", text)
+    think = _THINK.match(text)
+    if think is not None:
+        text = text[think.end():]
+    elif text.lstrip()[:7].lower() == "<think>":
+        if strict:
+            return refuse("unfinished <think> block")
+        text = text.lstrip()[7:]
     keywords: list[str] = []
     seen: set[str] = set()
-    lines = unicodedata.normalize("NFKC", text).splitlines()
+    lines = text.splitlines()
     first_content = True
     for line in lines:
         if _CODE_FENCE.match(line):
@@ -131,13 +175,24 @@ def parse_keywords(text: str) -> ParsedKeywords:
         if not line.strip():
             continue
         if first_content:
-            line = _PREFIX.sub("", line, count=1)
             first_content = False
+            opener = _CHAT_OPENER.match(line)
+            if opener is not None:
+                if strict:
+                    return refuse(f"chat preamble {line.strip()[:40]!r}")
+                # The preamble runs to its colon, else to the first separator, else the line's end.
+                end = _PREAMBLE_END.match(line) or _SEPARATORS.search(line)
+                if end is None:
+                    continue
+                line = line[end.end():]
+            else:
+                line = _LABEL.sub("", line, count=1)
         line = _BULLET.sub("", line, count=1)
         if not line.strip():
             continue
-        # Prose after the list has started ends the list; prose before it is skipped.
-        if _PROSE_START.match(line) and keywords:
+        # Prose after the list has started ends the list; prose before it is skipped. (Strict
+        # mode judges each segment instead, so that "i 95, traffic" stays a list.)
+        if not strict and keywords and _PROSE_START.match(line):
             break
         stop = False
         for raw in _SEPARATORS.split(line):
@@ -146,6 +201,8 @@ def parse_keywords(text: str) -> ParsedKeywords:
             if brk is not None and _looks_like_prose(raw[brk.end():]):
                 # "x. These keywords ..." keeps x and stops at the explanation; an
                 # abbreviation ("u.s. history") is not a sentence break.
+                if strict:
+                    return refuse(f"prose {raw[brk.end():].strip()[:40]!r}")
                 raw, stop = raw[: brk.start()], True
             segment = raw.strip()
             if not segment:
@@ -156,6 +213,8 @@ def parse_keywords(text: str) -> ParsedKeywords:
             if (
                 segment.count(" ") >= MAX_WORDS_PER_KEYWORD or segment[0].lower() in _PROSE_INITIALS
             ) and _looks_like_prose(segment):
+                if strict:
+                    return refuse(f"prose {segment[:40]!r}")
                 if keywords:
                     stop = True
                     break

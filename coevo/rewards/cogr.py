@@ -1,8 +1,17 @@
 """CoGR rewards: query-side F1 and item-side counterfactual (marginal) F1 change.
 
 Both are batched: one call scores a whole GRPO batch (several groups of completions).
-Both give -1.0 to a completion that cannot be parsed (:func:`parse_keywords` fails) or
-that has more than ``k_max`` distinct keywords after normalisation.
+
+Budget and format rule (both sides): a completion gets -1.0 (:data:`INVALID_REWARD`) when
+
+- it is not a keyword list: :func:`parse_keywords` in strict mode refuses it (prose, a chat
+  preamble such as "Sure! Here is ...", an explanation after the list, nothing usable);
+- it has more than ``k_max`` distinct keywords after normalisation;
+- it was cut by the token limit (``truncated``: the last sampled token is not an end of
+  sequence). A truncated list is never parsed: its last keyword may be cut in half, and
+  its length says nothing about the budget. The caller passes the flags (CoGR reads them
+  from the completion token ids TRL hands to reward functions); for the K_max rule to
+  be reachable at all, the token budget must hold k_max + 1 keywords.
 
 Query side (:class:`QueryReward`): the item index is frozen; the reward of a sampled
 keyword set S_q is F1(q) = 2 n_tp / (n_ret + n_rel) of the items it retrieves (every item
@@ -25,10 +34,19 @@ inside, the reward is sum_{Q_cand} w + sum_{Q_ref} loss, which equals the Q_delt
 Q_ref(i) is marked from the item's reference posting lists in the same scatter as a
 GRPO group's candidates (dense path), or read from an LRU cache (sparse path).
 
-``mode="global"`` (ablation) is the change of the macro F1 over the evaluated queries
-(those of the query index with >= 1 relevant item), i.e. the marginal sum divided by their
-number. Inside one GRPO group it orders completions the same way as "marginal"; it
-differs in scale, hence in how much the -1 penalty weighs against the F1 signal.
+``mode="global"`` (ablation: "optimising global F1 entangles the items' contributions").
+Interpretation: the rollouts of one GRPO batch (one reward call: TRL scores a process's
+whole generation batch at once) are grouped by item; the j-th rollout of
+every item in the batch is swapped in *together* (joint index j: each batch item i holds
+its j-th sampled set S_i^j, every other item its reference set), and each rollout j of
+every item gets the same reward, the macro F1 over the train queries with a relevant item
+(the queries of the query index) under joint index j. So an item's rollout is credited
+with what all the other items sampled at the same position did: credit is entangled, not
+an affine rescaling of the marginal reward (which GRPO's group normalisation would cancel).
+A rollout that breaks the budget or format rule gets -1 and its item keeps its reference
+set in the joint index. Items with fewer rollouts than others keep their reference set in
+the later joint indexes. Computed from the same cached counts: per joint index, the
+per-query count changes of all swapped items are added and only F1 is recomputed.
 """
 
 from __future__ import annotations
@@ -73,12 +91,23 @@ def _single_thread_blas() -> Iterator[None]:
         yield
 
 
-def parse_within_budget(completion: Any, k_max: int) -> tuple[str, ...] | None:
-    """Normalised keywords of a completion, or None when unparseable or over budget."""
-    parsed = parse_keywords(completion_text(completion))
+def parse_within_budget(completion: Any, k_max: int, truncated: bool = False) -> tuple[str, ...] | None:
+    """Normalised keywords of a completion, or None (reward -1) when it was cut by the token
+    limit, is not a keyword list (strict :func:`parse_keywords`) or exceeds the budget."""
+    if truncated:
+        return None
+    parsed = parse_keywords(completion_text(completion), strict=True)
     if not parsed.ok or len(parsed.keywords) > k_max:
         return None
     return parsed.keywords
+
+
+def _parse_batch(completions: Sequence[Any], k_max: int, truncated: Sequence[bool] | None) -> list[tuple[str, ...] | None]:
+    if truncated is None:
+        truncated = [False] * len(completions)
+    elif len(truncated) != len(completions):
+        raise ValueError(f"{len(truncated)} truncation flags but {len(completions)} completions")
+    return [parse_within_budget(c, k_max, bool(t)) for c, t in zip(completions, truncated, strict=True)]
 
 
 def distinct_normalized(keywords: Iterable[str]) -> list[str]:
@@ -149,10 +178,12 @@ class QueryReward:
             out.append(INVALID_REWARD if len(kws) > self.k_max else self.f1(q, kws, normalized=True))
         return out
 
-    def __call__(self, query_ids: Sequence[str], completions: Sequence[Any]) -> list[float]:
+    def __call__(self, query_ids: Sequence[str], completions: Sequence[Any],
+                 truncated: Sequence[bool] | None = None) -> list[float]:
+        """Rewards of raw completions; ``truncated[i]`` True: cut by the token limit (-1)."""
         if len(query_ids) != len(completions):
             raise ValueError(f"{len(query_ids)} query ids but {len(completions)} completions")
-        return self.score_keywords(query_ids, [parse_within_budget(c, self.k_max) for c in completions], normalized=True)
+        return self.score_keywords(query_ids, _parse_batch(completions, self.k_max, truncated), normalized=True)
 
 
 class ItemReward:
@@ -160,7 +191,8 @@ class ItemReward:
 
     Call with ``(item_ids, completions)``; returns one float per completion. ``item_ids``
     must be items of ``item_keywords`` (the current reference sets); an item may repeat
-    (a GRPO group) and the batch may mix items.
+    (a GRPO group) and the batch may mix items. ``mode="global"`` scores the batch jointly
+    (the module docstring): pass a whole GRPO batch in one call, in TRL's order.
     """
 
     def __init__(
@@ -399,18 +431,61 @@ class ItemReward:
                 continue
             valid.append(row)
             kw_ids.append([k for k in map(position_of, kws) if k is not None])
-        if valid:
+        if self.mode == "global":
+            rewards[valid] = self._global_joint(positions, valid, kw_ids)
+        elif valid:
             with _single_thread_blas():
-                scores = self._marginal(positions[valid], kw_ids)
-            if self.mode == "global":
-                scores = scores / self.n_evaluated
-            rewards[valid] = scores
+                rewards[valid] = self._marginal(positions[valid], kw_ids)
         return rewards.tolist()
 
-    def __call__(self, item_ids: Sequence[str], completions: Sequence[Any]) -> list[float]:
+    def global_f1(self) -> float:
+        """Macro F1 over the evaluated train queries under the reference sets."""
+        return float(self.f1_ref[self.n_rel > 0].sum()) / self.n_evaluated
+
+    def _global_joint(self, positions: np.ndarray, valid: list[int], kw_ids: list[list[int]]) -> np.ndarray:
+        """``mode="global"``: each valid row's reward is the global train F1 of its joint index.
+
+        Row r is its item's j-th rollout in the batch (j = how many rows of the same item come
+        before it); joint index j swaps in the j-th valid set of every item at once.
+        """
+        seen: dict[int, int] = {}
+        joint = np.empty(len(positions), dtype=np.int64)
+        for row, pos in enumerate(positions.tolist()):
+            joint[row] = seen.get(pos, 0)
+            seen[pos] = joint[row] + 1
+        out = np.empty(len(valid), dtype=np.float64)
+        if not valid:
+            return out
+        n_q = self.query_index.n_docs
+        evaluated = self.n_rel > 0
+        rel_mark = self._rel_mark
+        valid_joint = joint[valid]
+        for j in np.unique(valid_joint).tolist():
+            d_ret = np.zeros(n_q, dtype=np.int64)
+            d_tp = np.zeros(n_q, dtype=np.int64)
+            members = np.flatnonzero(valid_joint == j)
+            for k in members.tolist():
+                item_pos = int(positions[valid[k]])
+                q_ref, rel, _ = self._reference(item_pos)
+                q_cand = self.query_index.retrieve_positions(np.asarray(kw_ids[k], dtype=np.int64))
+                gained = np.setdiff1d(q_cand, q_ref, assume_unique=True)
+                lost = np.setdiff1d(q_ref, q_cand, assume_unique=True)
+                rel_mark[rel] = True
+                d_ret[gained] += 1
+                d_tp[gained] += rel_mark[gained]
+                d_ret[lost] -= 1
+                d_tp[lost] -= rel_mark[lost]
+                rel_mark[rel] = False
+            f1 = f1_array(self.n_ret + d_ret, self.n_tp + d_tp, self.n_rel)
+            out[members] = float(f1[evaluated].sum()) / self.n_evaluated
+        return out
+
+    def __call__(self, item_ids: Sequence[str], completions: Sequence[Any],
+                 truncated: Sequence[bool] | None = None) -> list[float]:
+        """Rewards of raw completions; ``truncated[i]`` True: cut by the token limit (-1)."""
         if len(item_ids) != len(completions):
             raise ValueError(f"{len(item_ids)} item ids but {len(completions)} completions")
-        return self.score_keywords(item_ids, [parse_within_budget(c, self.k_max) for c in completions], normalized=True)
+        return self.score_keywords(item_ids, _parse_batch(completions, self.k_max, truncated), normalized=True)
 
 
 def naive_item_reward(

@@ -73,6 +73,9 @@ def trainer_device_args(seed: int) -> dict[str, Any]:
         "logging_steps": 1,
         "dataloader_num_workers": 0,
         "disable_tqdm": False,
+        # Log a non-finite step loss as it is (the default replaces it with the running mean),
+        # so that StopOnNonFinite sees it.
+        "logging_nan_inf_filter": False,
     }
 
 
@@ -92,3 +95,86 @@ def last_of(log_history: Sequence[dict[str, Any]], key: str) -> float | None:
 
 def summarize(log_history: Sequence[dict[str, Any]], keys: Iterable[str]) -> dict[str, float | None]:
     return {key: mean_of(log_history, key) for key in keys}
+
+
+# ------------------------------------------------------------------------ finite training
+class NonFiniteTraining(FloatingPointError):
+    """Training diverged (a NaN or infinite loss or gradient norm, or a weight that is not finite
+    or has exploded); the phase is not saved."""
+
+
+def _knob_hint(knob: str | None, learning_rate: float | None) -> str:
+    now = f", now {learning_rate:g}" if learning_rate is not None else ""
+    where = f"{knob}.learning_rate" if knob else "the learning_rate of this trainer's params section"
+    return f"lower the learning rate ({where}{now}), or check the data and the trl: settings"
+
+
+def _describe(what: str, out_dir: Any) -> str:
+    return f"{what} (output {out_dir})" if out_dir is not None else what
+
+
+def stop_on_non_finite(what: str, out_dir: Any = None, knob: str | None = None, learning_rate: float | None = None):
+    """A transformers TrainerCallback that stops training at the first non-finite loss or grad norm.
+
+    It raises :class:`NonFiniteTraining` from ``on_log`` (our trainers log every step), naming
+    the phase (``what``), its output folder and the knob to look at; the exception ends
+    ``trainer.train()``, so the caller never saves (checkpoints) the phase.
+    """
+    from transformers import TrainerCallback
+
+    class StopOnNonFinite(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ARG002 - TrainerCallback API
+            for key, value in (logs or {}).items():
+                watched = key in ("loss", "grad_norm", "train_loss") or key.endswith("/loss")
+                if watched and isinstance(value, (int, float)) and not math.isfinite(value):
+                    raise NonFiniteTraining(
+                        f"{_describe(what, out_dir)}: {key} is {value} at step {state.global_step}: training diverged "
+                        f"and the phase is not saved; {_knob_hint(knob, learning_rate)}"
+                    )
+
+    return StopOnNonFinite()
+
+
+# No trained network has a weight this large; an absurd learning rate (1e30) drives LoRA
+# weights to ~1e30 while the loss stays finite (saturated), so finiteness alone misses it.
+MAX_ABS_WEIGHT = 1e6
+
+
+def check_finite_weights(model: Any, what: str, out_dir: Any = None, knob: str | None = None,
+                         learning_rate: float | None = None) -> None:
+    """Raise :class:`NonFiniteTraining` when a trainable weight holds NaN or inf, or has exploded
+    beyond :data:`MAX_ABS_WEIGHT` (checked once, after training, on the trainable weights only)."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not param.requires_grad or param.numel() == 0:
+                continue
+            largest = float(param.detach().abs().max())
+            if not math.isfinite(largest) or largest > MAX_ABS_WEIGHT:
+                state = "is not finite" if not math.isfinite(largest) else f"reached {largest:.3g} (> {MAX_ABS_WEIGHT:g})"
+                raise NonFiniteTraining(
+                    f"{_describe(what, out_dir)}: weight {name} {state} after training: training diverged and the "
+                    f"phase is not saved; {_knob_hint(knob, learning_rate)}"
+                )
+
+
+def check_finite_result(value: Any, key: str, what: str, out_dir: Any = None, knob: str | None = None,
+                        learning_rate: float | None = None) -> None:
+    """Raise :class:`NonFiniteTraining` when a reported training number is NaN or inf."""
+    if isinstance(value, (int, float)) and not math.isfinite(value):
+        raise NonFiniteTraining(f"{_describe(what, out_dir)}: {key} is {value}: training diverged and the phase is "
+                                f"not saved; {_knob_hint(knob, learning_rate)}")
+
+
+_SAMPLING_NAN = ("probability tensor contains either `inf`, `nan` or element < 0",)
+
+
+def non_finite_from(exc: BaseException, what: str, out_dir: Any = None, knob: str | None = None,
+                    learning_rate: float | None = None) -> NonFiniteTraining | None:
+    """The error to raise instead of torch's sampling failure on NaN logits (a diverged policy)."""
+    if isinstance(exc, RuntimeError) and any(s in str(exc) for s in _SAMPLING_NAN):
+        return NonFiniteTraining(f"{_describe(what, out_dir)}: the policy produces NaN/inf probabilities while "
+                                 f"sampling: training diverged and the phase is not saved; "
+                                 f"{_knob_hint(knob, learning_rate)}")
+    return None

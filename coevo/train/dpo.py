@@ -18,7 +18,14 @@ from typing import Any
 
 from coevo.config import DPOParams
 from coevo.io import write_json
-from coevo.train.common import last_of, limit_cpu_threads, trainer_device_args
+from coevo.train.common import (
+    check_finite_result,
+    check_finite_weights,
+    last_of,
+    limit_cpu_threads,
+    stop_on_non_finite,
+    trainer_device_args,
+)
 
 _KEYS = ("prompt", "chosen", "rejected")
 
@@ -51,8 +58,13 @@ def train_dpo(
     out_dir: str | Path,
     seed: int,
     max_length: int = 512,
+    what: str = "DPO",
+    knob: str | None = None,
 ) -> dict[str, Any]:
     """Train ``generator.model`` in place by DPO on ``pairs``; save the generator to ``out_dir``.
+
+    A NaN or infinite loss, gradient norm or weight stops training before anything is saved
+    (:class:`~coevo.train.common.NonFiniteTraining`, naming ``what``, ``out_dir`` and ``knob``).
 
     ``pairs`` hold the prompt exactly as the model sees it at generation (chat template
     applied, see ``Generator.render``) and two completions. Returns statistics (also written
@@ -79,6 +91,7 @@ def train_dpo(
     batch_size = max(1, min(params.batch_size, len(pairs)))
     padding_side = tokenizer.padding_side
     started = time.perf_counter()
+    guard = {"what": what, "out_dir": out_dir, "knob": knob, "learning_rate": params.learning_rate}
     try:
         with tempfile.TemporaryDirectory(prefix="coevo-dpo-") as scratch, seeded(seed):
             config = DPOConfig(**{
@@ -98,6 +111,7 @@ def train_dpo(
                 args=config,
                 train_dataset=dataset,
                 processing_class=tokenizer,
+                callbacks=[stop_on_non_finite(**guard)],
             )
             result = trainer.train()
             history = trainer.state.log_history
@@ -109,6 +123,8 @@ def train_dpo(
             model.delete_adapter("ref")
         tokenizer.padding_side = padding_side
         model.eval()
+    check_finite_result(result.training_loss, "the mean training loss", **guard)
+    check_finite_weights(model, **guard)
     stats = {
         "pairs": len(pairs),
         "beta": beta,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from coevo.config import EncoderTrainingParams
 from coevo.io import atomic_path, write_json
-from coevo.train.common import limit_cpu_threads
+from coevo.train.common import check_finite_result, check_finite_weights, limit_cpu_threads, stop_on_non_finite
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -37,8 +37,14 @@ def train_encoder(
     params: EncoderTrainingParams,
     out_dir: str | Path,
     seed: int,
+    what: str = "encoder training",
+    knob: str | None = None,
 ) -> dict[str, Any]:
     """Train ``encoder`` in place on ``pairs`` and save it to ``out_dir`` (atomically).
+
+    A NaN or infinite loss, gradient norm or weight stops training before anything is saved
+    (:class:`~coevo.train.common.NonFiniteTraining`, naming ``what``, ``out_dir`` and ``knob``,
+    e.g. ``cohyde.encoder_training``).
 
     Returns training statistics (also written to ``out_dir/training.json``): pairs, steps,
     mean training loss, seconds.
@@ -74,14 +80,19 @@ def train_encoder(
             logging_steps=max(1, math.ceil(len(pairs) / batch_size) // 4),
             disable_tqdm=False,
             use_cpu=not torch.cuda.is_available(),
+            logging_nan_inf_filter=False,
         )
+        guard = {"what": what, "out_dir": out_dir, "knob": knob, "learning_rate": params.learning_rate}
         trainer = SentenceTransformerTrainer(
             model=encoder,
             args=args,
             train_dataset=dataset,
             loss=MultipleNegativesRankingLoss(encoder),
+            callbacks=[stop_on_non_finite(**guard)],
         )
         result = trainer.train()
+    check_finite_result(result.training_loss, "the mean training loss", **guard)
+    check_finite_weights(encoder, **guard)
     stats = {
         "pairs": len(pairs),
         "batch_size": batch_size,

@@ -24,7 +24,15 @@ from typing import Any
 from coevo.config import GRPOParams
 from coevo.models.generator import Generator, seeded
 from coevo.models.prompts import completion_text
-from coevo.train.common import last_of, limit_cpu_threads, mean_of, trainer_device_args
+from coevo.train.common import (
+    check_finite_weights,
+    last_of,
+    limit_cpu_threads,
+    mean_of,
+    non_finite_from,
+    stop_on_non_finite,
+    trainer_device_args,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +112,8 @@ def train_grpo(
     top_p: float = 1.0,
     use_vllm: bool = False,
     callbacks: Sequence[Any] = (),
+    what: str = "GRPO",
+    knob: str | None = None,
     **config_overrides: Any,
 ) -> dict[str, Any]:
     """Train ``generator.model`` in place with GRPO; return a metrics summary.
@@ -112,6 +122,10 @@ def train_grpo(
     are handed to ``reward_fn`` per completion. Returns ``reward_mean`` (mean over logging
     steps), ``reward_first``/``reward_last``, ``kl`` (0 when ``beta == 0``: no reference
     model is kept), ``steps``, ``seconds``, ``step_seconds`` and ``completion_length``.
+
+    A NaN or infinite loss, gradient norm or weight (or NaN sampling probabilities) stops
+    training with :class:`~coevo.train.common.NonFiniteTraining` naming ``what`` (the phase),
+    ``out_dir`` and ``knob`` (the params section, e.g. ``cogr.grpo``).
     """
     from datasets import Dataset
     from trl import GRPOTrainer
@@ -142,6 +156,7 @@ def train_grpo(
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
+    guard = {"what": what, "out_dir": out_dir, "knob": knob, "learning_rate": params.learning_rate}
     with seeded(seed):
         trainer = GRPOTrainer(
             model=generator.model,
@@ -149,11 +164,18 @@ def train_grpo(
             args=config,
             train_dataset=dataset,
             processing_class=generator.tokenizer,
-            callbacks=list(callbacks) or None,
+            callbacks=[*callbacks, stop_on_non_finite(**guard)],
         )
-        trainer.train()
+        try:
+            trainer.train()
+        except RuntimeError as exc:
+            diverged = non_finite_from(exc, **guard)
+            if diverged is None:
+                raise
+            raise diverged from exc
     generator.model = trainer.model
     generator.model.eval()
+    check_finite_weights(generator.model, **guard)
     history = trainer.state.log_history
     steps = int(trainer.state.global_step)
     seconds = time.perf_counter() - started

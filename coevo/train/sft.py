@@ -10,7 +10,15 @@ from typing import Any
 
 from coevo.config import SFTParams
 from coevo.models.generator import Generator, seeded
-from coevo.train.common import last_of, limit_cpu_threads, mean_of, trainer_device_args
+from coevo.train.common import (
+    check_finite_result,
+    check_finite_weights,
+    last_of,
+    limit_cpu_threads,
+    mean_of,
+    stop_on_non_finite,
+    trainer_device_args,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +74,18 @@ def train_sft(
     *,
     max_length: int = 512,
     max_steps: int | None = None,
+    what: str = "SFT",
+    knob: str | None = None,
 ) -> dict[str, Any]:
     """Fine-tune ``generator.model`` in place on ``examples``; return a metrics summary.
 
     ``examples``: either conversational prompt/completion rows
     (``{"prompt": [messages], "completion": [{"role": "assistant", ...}]}``; the loss covers
     the completion only) or plain ``{"text": ...}`` rows (language modelling on the text).
+
+    A NaN or infinite loss, gradient norm or weight stops training with
+    :class:`~coevo.train.common.NonFiniteTraining` naming ``what`` (the phase), ``out_dir``
+    and ``knob`` (the params section, e.g. ``cogr.sft``): the caller never saves the phase.
     """
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -82,16 +96,20 @@ def train_sft(
     dataset = Dataset.from_list([{k: row[k] for k in columns} for row in examples])
     config = SFTConfig(**sft_settings(generator, params, out_dir, seed, max_length=max_length, max_steps=max_steps))
     started = time.perf_counter()
+    guard = {"what": what, "out_dir": out_dir, "knob": knob, "learning_rate": params.learning_rate}
     with seeded(seed):
         trainer = SFTTrainer(
             model=generator.model,
             args=config,
             train_dataset=dataset,
             processing_class=generator.tokenizer,
+            callbacks=[stop_on_non_finite(**guard)],
         )
         result = trainer.train()
     generator.model = trainer.model
     generator.model.eval()
+    check_finite_result(result.training_loss, "the mean training loss", **guard)
+    check_finite_weights(generator.model, **guard)
     history = trainer.state.log_history
     return {
         "train/loss": float(result.training_loss),

@@ -1,0 +1,114 @@
+"""Which steps re-run after each kind of change, measured for `coevo run` and for `dvc repro`.
+
+    .venv/bin/python bench/staleness_table.py [--keep]
+
+In a throw-away copy of the project (tiny model, toy MetaTool data, one round), the full
+pipeline runs once; then each change is applied, both commands run in their own copy of
+that finished project, and the steps each one actually executed (its "done in" lines) are
+listed. The two columns must be identical: both go through the same keys (coevo/steps.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from conftest import make_project  # noqa: E402  (the toy project of the flow tests)
+
+
+def set_param(key: str, value) -> callable:
+    def apply(root: Path) -> None:
+        params = yaml.safe_load((root / "params.yaml").read_text())
+        node = params
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return apply
+
+
+def edit_data(root: Path) -> None:
+    csv = root / "toy" / "all_clean_data.csv"
+    lines = csv.read_text().splitlines()
+    lines[1] = lines[1].replace(",", " today,", 1)  # one query's text changes
+    csv.write_text("\n".join(lines) + "\n")
+
+
+def edit_library(root: Path) -> None:
+    with (root / "coevo" / "rewards" / "cogr.py").open("a") as f:
+        f.write("\n# an edit to a library file the phases run\n")
+
+
+CHANGES = {
+    "data file (one query of the source)": edit_data,
+    "GRPO knob (cogr.grpo.learning_rate)": set_param("cogr.grpo.learning_rate", 1.0e-4),
+    "SFT knob (cogr.sft.learning_rate)": set_param("cogr.sft.learning_rate", 1.0e-3),
+    "final split (evaluation.split)": set_param("evaluation.split", "val"),
+    "library source (coevo/rewards/cogr.py)": edit_library,
+}
+
+
+def run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result.stdout + result.stderr
+
+
+def executed(output: str) -> list[str]:
+    """Steps that did work ("<label>: done in Ns"), in order."""
+    return re.findall(r"^\s+(.+?): done in [\d.]+s", output, flags=re.M)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folders")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="coevo-staleness-"))
+    base = make_project(work / "base", with_code=True)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(base),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1", "COLUMNS": "200",
+           "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@example.com", "GIT_COMMITTER_NAME": "b",
+           "GIT_COMMITTER_EMAIL": "b@example.com"}
+    try:
+        for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"], ["git", "add", "-A"],
+                    ["git", "commit", "-qm", "toy"]):
+            subprocess.run(cmd, cwd=base, env=env, check=True, capture_output=True)
+        run([str(BIN / "dvc"), "repro"], base, env)  # the finished pipeline every change starts from
+        rows = []
+        for name, change in CHANGES.items():
+            results = {}
+            for tool, cmd in (("coevo run", [str(BIN / "coevo"), "run", "cogr"]), ("dvc repro", [str(BIN / "dvc"), "repro"])):
+                copy = work / f"{len(rows)}-{tool.split()[0]}"
+                shutil.copytree(base, copy, symlinks=True)
+                change(copy)
+                results[tool] = executed(run(cmd, copy, {**env, "PYTHONPATH": str(copy)}))
+            rows.append((name, results))
+        print("| change | coevo run re-ran | dvc repro re-ran | same |")
+        print("| --- | --- | --- | --- |")
+        for name, results in rows:
+            a, b = results["coevo run"], results["dvc repro"]
+            print(f"| {name} | {', '.join(a) or '(nothing)'} | {', '.join(b) or '(nothing)'} | {'yes' if a == b else 'NO'} |")
+        print(f"identical={all(r['coevo run'] == r['dvc repro'] for _, r in rows)}")
+    finally:
+        if args.keep:
+            print(f"kept {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""One run per run folder: an exclusive lock taken before any work.
+
+The lock is a ``filelock.FileLock`` on ``<run_dir>.lock`` (next to the run folder, not inside
+it: the run folder is a DVC output). On Linux and macOS it is an ``flock`` lock, which the
+kernel drops when the holding process dies however it dies, so a stale lock of a killed run
+is simply taken over. Who holds it (pid, host, start time, command) is written, after the
+lock is taken, to the sidecar ``<run_dir>.lock.json``; a second run reads it to name the
+holder in its error.
+
+Within one process the lock is reentrant (``coevo run`` takes it in the CLI and again in the
+flow it starts), and it is held until the outermost ``with`` ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import os
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from coevo.io import read_json, write_json
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class RunLocked(RuntimeError):
+    """Another live process holds the run folder's lock."""
+
+
+def lock_path(run_dir: str | Path) -> Path:
+    run_dir = Path(run_dir).resolve()
+    return run_dir.with_name(f"{run_dir.name}.lock")
+
+
+def holder_path(run_dir: str | Path) -> Path:
+    path = lock_path(run_dir)
+    return path.with_name(f"{path.name}.json")
+
+
+def _file_lock(path: Path):
+    from filelock import FileLock
+
+    # is_singleton: one instance per path in this process, so taking it twice nests (a counter)
+    # instead of opening a second descriptor that its own flock would refuse; thread_local=False:
+    # Prefect may run the flow body in another thread than the CLI that took the lock.
+    return FileLock(path, timeout=0, thread_local=False, is_singleton=True)
+
+
+def holder(run_dir: str | Path) -> dict[str, Any] | None:
+    """The sidecar of the lock (pid, host, started, command), or None when there is none."""
+    path = holder_path(run_dir)
+    try:
+        info = read_json(path)
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def describe(info: dict[str, Any] | None) -> str:
+    if not info:
+        return "another process (no holder information)"
+    command = f"`{info['command']}`, " if info.get("command") else ""
+    return f"{command}pid {info.get('pid')} on {info.get('host')}, started {info.get('started')}"
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | Path, what: str = "") -> Iterator[Path]:
+    """Hold the exclusive lock of ``run_dir`` for the block; :class:`RunLocked` at once if taken.
+
+    ``what`` names the command in the holder information (default: this process's argv).
+    """
+    from filelock import Timeout
+
+    path = lock_path(run_dir)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot create the folder of the run lock ({exc.strerror})",
+                      str(path.parent)) from None
+    lock = _file_lock(path)
+    outermost = not lock.is_locked
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunLocked(
+            f"{Path(run_dir)} is in use by {describe(holder(run_dir))}; one run per run folder: wait for it to "
+            f"finish or stop it (its lock: {path})"
+        ) from None
+    try:
+        if outermost:
+            started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+            command = what or " ".join(["coevo" if Path(sys.argv[0]).name == "coevo" else sys.argv[0], *sys.argv[1:]])
+            write_json(holder_path(run_dir), {"pid": os.getpid(), "host": socket.gethostname(),
+                                              "started": started, "command": command})
+        yield path
+    finally:
+        if outermost:
+            with contextlib.suppress(OSError):
+                holder_path(run_dir).unlink()
+        lock.release()
+
+
+def holds(run_dir: str | Path) -> bool:
+    """Whether this process holds the lock of ``run_dir``."""
+    return _file_lock(lock_path(run_dir)).is_locked
+
+
+def exclusive_run(fn: F) -> F:
+    """Decorator for ``run_pipeline(method, params_path, overrides, ...)``: the flow holds the lock
+    of its method's run folder while it runs (the CLI that started it may hold it already: the
+    lock nests), so a flow started by `dvc repro` or a deployment is refused like a second CLI."""
+
+    @functools.wraps(fn)
+    def wrapper(method: str, params_path: Any, overrides: Any = None, *args: Any, **kwargs: Any) -> Any:
+        from coevo.config import load_params
+        from coevo.layout import Layout
+
+        params = load_params(params_path, list(overrides or []))
+        with run_lock(Layout.of(params, method).run_dir, f"{method} flow"):
+            return fn(method, params_path, overrides, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,403 @@
+"""The expected-score matrix (``repro/expected.yaml``): data set x system x metric -> expected value.
+
+In the spirit of pyserini's reproducibility pages: each entry names a data set (a committed
+sample or a set under ``../shared/data``), a system (a baseline, or a method's pipeline with
+a tiny model), the command a person runs to see the same figures, and per metric the
+expected value and its tolerance. The values are written by :func:`record` from real runs
+(``coevo repro record``), never by hand; :func:`check` (``coevo repro check [--slow]``) runs
+the entries again and reports each figure as matched or failed, with the difference.
+
+Tiers: ``fast`` entries use the committed samples (CI runs them on every push, in well under
+a minute: both baselines on both samples and the tiny-model CoGR pipeline); ``slow`` entries
+use the full sets in ``../shared/data`` (``--slow`` adds them; an entry whose source folder
+is absent is reported as skipped, not as passed).
+
+How each system is run, in-process, with exactly the library calls its ``command`` makes:
+
+- ``bm25`` / ``dense`` (``kind: baseline``): :func:`coevo.baselines.baseline_table` with the
+  CLI's defaults (k for F1@k chosen on val, reported on test, 2,000 bootstrap resamples,
+  seed 0) on the data set prepared with params.yaml's ``seed`` and split fractions (what
+  ``coevo data prepare`` does by default).
+- ``kind: pipeline``: the method's pipeline steps (prepare, the train phases, the final
+  evaluation) under params.yaml plus the entry's ``set`` overrides, in a scratch project
+  folder, with the same staleness keys as ``coevo run`` (validation, baselines and reports
+  do not change the recorded figures and are skipped).
+
+A figure matches when ``|got - expected| <= tolerance``. :func:`record` runs every selected
+entry ``runs`` times (default 2) and refuses to write figures that differ between runs by
+more than their tolerance: a figure is recorded only when it is reproducible here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+EXPECTED = PROJECT_ROOT / "repro" / "expected.yaml"
+TIERS = ("fast", "slow")
+BASELINE_SYSTEMS = ("bm25", "dense")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One row group of the matrix: a system on a data set, and its expected figures."""
+
+    dataset: str
+    system: str
+    tier: str
+    command: str
+    metrics: dict[str, dict[str, Any]]  # name -> {"expected": float | None, "tolerance": float}
+
+    @property
+    def id(self) -> str:
+        return f"{self.dataset}/{self.system}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One figure of one entry after a run."""
+
+    entry: str
+    metric: str
+    expected: float | None
+    got: float | None
+    tolerance: float
+    status: str  # matched | failed | missing | skipped | unrecorded
+    note: str = ""
+
+    @property
+    def difference(self) -> float | None:
+        if self.expected is None or self.got is None:
+            return None
+        return self.got - self.expected
+
+
+@dataclass
+class Matrix:
+    """The parsed ``expected.yaml``."""
+
+    path: Path
+    doc: dict[str, Any]
+    entries: list[Entry] = field(default_factory=list)
+
+    def dataset(self, name: str) -> dict[str, Any]:
+        try:
+            return self.doc["datasets"][name]
+        except KeyError:
+            raise ValueError(f"{self.path}: entry uses data set {name!r}, which `datasets:` does not declare") from None
+
+    def system(self, name: str) -> dict[str, Any]:
+        try:
+            return self.doc["systems"][name]
+        except KeyError:
+            raise ValueError(f"{self.path}: entry uses system {name!r}, which `systems:` does not declare") from None
+
+    def select(self, slow: bool = False, only: Sequence[str] = ()) -> list[Entry]:
+        """Fast entries (and slow ones with ``slow``), filtered by ``only`` globs on ``dataset/system``."""
+        tiers = TIERS if slow else ("fast",)
+        chosen = [e for e in self.entries if e.tier in tiers]
+        if only:
+            chosen = [e for e in chosen if any(fnmatch(e.id, pattern) for pattern in only)]
+        return chosen
+
+
+def load(path: str | Path = EXPECTED) -> Matrix:
+    """Read and check the matrix file (one-line errors naming the entry)."""
+    path = Path(path)
+    doc = yaml.safe_load(path.read_text())
+    if not isinstance(doc, dict) or not {"datasets", "systems", "entries"} <= set(doc):
+        raise ValueError(f"{path}: expected mappings `datasets`, `systems` and a list `entries`")
+    matrix = Matrix(path, doc)
+    for i, raw in enumerate(doc["entries"] or []):
+        where = f"{path}: entries[{i}]"
+        try:
+            dataset, system = raw["dataset"], raw["system"]
+        except (KeyError, TypeError):
+            raise ValueError(f"{where}: needs `dataset` and `system`") from None
+        info = matrix.dataset(dataset)
+        matrix.system(system)
+        tier = info.get("tier", "fast")
+        if tier not in TIERS:
+            raise ValueError(f"{where}: data set {dataset!r} has tier {tier!r}; expected fast or slow")
+        metrics = {}
+        for name, spec in (raw.get("metrics") or {}).items():
+            spec = spec or {}
+            expected = spec.get("expected")
+            tolerance = spec.get("tolerance")
+            if tolerance is None or float(tolerance) < 0:
+                raise ValueError(f"{where} ({dataset}/{system}), metric {name!r}: needs a tolerance >= 0")
+            metrics[str(name)] = {"expected": None if expected is None else float(expected),
+                                  "tolerance": float(tolerance)}
+        if not metrics:
+            raise ValueError(f"{where} ({dataset}/{system}): lists no metric")
+        matrix.entries.append(Entry(dataset, system, tier, str(raw.get("command", "")), metrics))
+    ids = [e.id for e in matrix.entries]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: an entry is listed twice ({sorted({i for i in ids if ids.count(i) > 1})})")
+    return matrix
+
+
+# ----------------------------------------------------------------------------- running
+class Runner:
+    """Runs entries, preparing each data set once in a scratch folder."""
+
+    def __init__(self, matrix: Matrix, workdir: Path, say: Callable[[str], None] = lambda _m: None) -> None:
+        self.matrix = matrix
+        self.workdir = workdir
+        self.say = say
+        self._prepared: dict[str, Path] = {}
+        self._params = _project_params()
+
+    def source(self, dataset: str) -> Path:
+        info = self.matrix.dataset(dataset)
+        path = Path(info["source"])
+        return path if path.is_absolute() else (PROJECT_ROOT / path).resolve()
+
+    def prepared(self, dataset: str) -> Path:
+        if dataset not in self._prepared:
+            from coevo.data.loaders import load_source
+
+            info, data = self.matrix.dataset(dataset), self._params.data
+            out = self.workdir / "processed" / dataset
+            load_source(info["loader"], str(self.source(dataset)), seed=self._params.seed, val_fraction=data.val_fraction,
+                        test_fraction=data.test_fraction, name=dataset, **(info.get("options") or {})).save(out)
+            self._prepared[dataset] = out
+        return self._prepared[dataset]
+
+    def run(self, entry: Entry) -> dict[str, float]:
+        system = self.matrix.system(entry.system)
+        kind = system.get("kind")
+        if kind == "baseline":
+            return baseline_figures(self.prepared(entry.dataset), entry.system)
+        if kind == "pipeline":
+            info = self.matrix.dataset(entry.dataset)
+            return pipeline_figures(system["method"], entry.dataset, info["loader"], self.source(entry.dataset),
+                                    list(system.get("set") or []), self.workdir / "projects" / entry.id)
+        raise ValueError(f"{self.matrix.path}: system {entry.system!r} has kind {kind!r}; expected baseline or pipeline")
+
+
+def _project_params():
+    from coevo.config import PROJECT_PARAMS, load_params
+
+    return load_params([PROJECT_PARAMS])
+
+
+def baseline_figures(data_dir: Path, system: str) -> dict[str, float]:
+    """What `coevo baseline <system> DATA_DIR` prints, as figures: n, k*, F1@k* with its CI,
+    P@1, NDCG@5/@10, R@10/@100 on test (k chosen on val)."""
+    from coevo.baselines import baseline_table
+    from coevo.data.schema import Dataset
+
+    table = baseline_table(Dataset.load(data_dir), system, split="test", val_split="val")
+    f1 = table.metrics[table.chosen_metric]
+    out = {"n_queries": float(table.n_queries), "chosen_k": float(table.chosen_k), "f1@k*": f1.mean,
+           "f1@k*.ci_low": f1.ci_low, "f1@k*.ci_high": f1.ci_high}
+    for name in ("precision@1", "ndcg@5", "ndcg@10", "recall@10", "recall@100"):
+        out[name] = table.metrics[name].mean
+    return out
+
+
+@contextlib.contextmanager
+def _inside(folder: Path) -> Iterator[None]:
+    previous = Path.cwd()
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
+def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overrides: list[str],
+                     project: Path) -> dict[str, float]:
+    """A method's pipeline (prepare, train phases, final evaluation) in a scratch project,
+    as figures: per phase its val metrics and training figures, the start and the chosen
+    phase on test."""
+    from coevo.config import PROJECT_PARAMS, load_params
+    from coevo.pipeline import Pipeline
+    from coevo.report import numbers
+
+    # data.root is relative to the scratch project, the working directory of the steps below.
+    sets = [f"data.dataset={dataset}", f"data.loader={loader}", f"data.source={source}", "data.root=data",
+            *overrides]
+    params = load_params([PROJECT_PARAMS], sets)
+    with _inside(project):
+        pipe = Pipeline(method, params)
+        pipe.prepare().run()
+        for step in pipe.train_steps():
+            step.run()
+        final = pipe.final().run()
+        run = pipe.method
+        out: dict[str, float] = {}
+        for phase in run.phases():
+            if not run.is_done(phase.name):
+                continue
+            record = run.result(phase.name)
+            for name, value in numbers(record.get("eval") or {}).items():
+                out[f"val/{phase.name}/{name}"] = value
+            for name, value in numbers(record.get("train") or {}).items():
+                out[f"train/{phase.name}/{name}"] = value
+            if "eval" not in record:
+                for name, value in numbers(record).items():
+                    out[f"{phase.name}/{name}"] = value
+        rows = final["rows"]
+        start = next(r for r in rows if r["phase"] == final.get("start_phase", rows[0]["phase"]))
+        best = [r for r in rows if r["phase"] == final["best_phase"]][-1]
+        for role, row in (("start", start), ("final", best)):
+            for name, value in numbers(row).items():
+                out[f"{final['split']}/{role}/{name}"] = value
+        out["best_phase_index"] = float([p.name for p in run.phases()].index(final["best_phase"]))
+    return out
+
+
+# ------------------------------------------------------------------------------ verdicts
+def compare(entry: Entry, figures: Mapping[str, float]) -> list[Outcome]:
+    out = []
+    for name, spec in entry.metrics.items():
+        expected, tol = spec["expected"], spec["tolerance"]
+        got = figures.get(name)
+        if got is None:
+            out.append(Outcome(entry.id, name, expected, None, tol, "missing", "the run did not produce this figure"))
+        elif expected is None:
+            out.append(Outcome(entry.id, name, None, got, tol, "unrecorded", "run `coevo repro record`"))
+        else:
+            ok = math.isfinite(got) and abs(got - expected) <= tol
+            out.append(Outcome(entry.id, name, expected, got, tol, "matched" if ok else "failed"))
+    return out
+
+
+def _skip(entry: Entry, why: str) -> list[Outcome]:
+    return [Outcome(entry.id, name, spec["expected"], None, spec["tolerance"], "skipped", why)
+            for name, spec in entry.metrics.items()]
+
+
+def check(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[str] = (),
+          say: Callable[[str], None] = lambda _m: None) -> list[Outcome]:
+    """Run the selected entries and compare every figure with its expected value."""
+    matrix = load(path)
+    entries = matrix.select(slow, only)
+    if not entries:
+        raise ValueError(f"{matrix.path}: no entry matches (slow={slow}, only={list(only)})")
+    outcomes: list[Outcome] = []
+    with tempfile.TemporaryDirectory(prefix="coevo-repro-") as tmp:
+        runner = Runner(matrix, Path(tmp), say)
+        for entry in entries:
+            if not runner.source(entry.dataset).exists():
+                outcomes += _skip(entry, f"source {runner.source(entry.dataset)} is absent")
+                say(f"{entry.id}: skipped (source absent)")
+                continue
+            started = time.perf_counter()
+            figures = runner.run(entry)
+            found = compare(entry, figures)
+            outcomes += found
+            failed = sum(o.status != "matched" for o in found)
+            say(f"{entry.id}: {len(found) - failed}/{len(found)} matched ({time.perf_counter() - started:.1f}s)")
+    return outcomes
+
+
+def record(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[str] = (), runs: int = 2,
+           say: Callable[[str], None] = lambda _m: None) -> dict[str, dict[str, float]]:
+    """Run the selected entries ``runs`` times and write their figures as expected values.
+
+    Tolerances and commands stay as the file has them. A figure that differs between the
+    runs by more than its tolerance is not written (an error names it): only what is
+    reproducible here becomes an expectation. Returns {entry id: {metric: value}}.
+    """
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
+    matrix = load(path)
+    entries = matrix.select(slow, only)
+    if not entries:
+        raise ValueError(f"{matrix.path}: no entry matches (slow={slow}, only={list(only)})")
+    recorded: dict[str, dict[str, float]] = {}
+    unstable: list[str] = []
+    for attempt in range(runs):
+        with tempfile.TemporaryDirectory(prefix="coevo-repro-") as tmp:
+            runner = Runner(matrix, Path(tmp), say)
+            for entry in entries:
+                if not runner.source(entry.dataset).exists():
+                    raise FileNotFoundError(f"{entry.id}: source {runner.source(entry.dataset)} is absent; "
+                                            "cannot record it")
+                started = time.perf_counter()
+                figures = runner.run(entry)
+                say(f"run {attempt + 1}/{runs}: {entry.id} ({time.perf_counter() - started:.1f}s)")
+                missing = [m for m in entry.metrics if m not in figures]
+                if missing:
+                    raise ValueError(f"{entry.id}: the run produced no figure named {', '.join(missing)}")
+                if attempt == 0:
+                    recorded[entry.id] = {m: figures[m] for m in entry.metrics}
+                    continue
+                for m in entry.metrics:
+                    if abs(figures[m] - recorded[entry.id][m]) > entry.metrics[m]["tolerance"]:
+                        unstable.append(f"{entry.id} {m}: {recorded[entry.id][m]!r} then {figures[m]!r}")
+    if unstable:
+        raise ValueError("figures differ between runs by more than their tolerance (not recorded): "
+                         + "; ".join(unstable))
+    for raw in matrix.doc["entries"]:
+        key = f"{raw['dataset']}/{raw['system']}"
+        if key in recorded:
+            for name, value in recorded[key].items():
+                raw["metrics"][name]["expected"] = _rounded(value)
+    _write(matrix, recorded)
+    return recorded
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.10g}")
+
+
+def _write(matrix: Matrix, recorded: Mapping[str, Any]) -> None:
+    """Rewrite the file: the header comment is kept, the YAML body regenerated."""
+    from coevo.io import write_text
+
+    text = matrix.path.read_text()
+    header = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            header.append(line)
+        else:
+            break
+    doc = matrix.doc
+    doc.setdefault("recorded", {})
+    stamp = {"date": time.strftime("%Y-%m-%d"), "git_commit": _git_commit()}
+    for key in recorded:
+        doc["recorded"][key] = dict(stamp)
+    body = yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True)
+    write_text(matrix.path, "\n".join(header).rstrip() + "\n" + body)
+
+
+def _git_commit() -> str:
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    try:
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        return git("rev-parse", "--short", "HEAD") + ("+uncommitted changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def summary(outcomes: Sequence[Outcome]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    return counts
+
+
+def passed(outcomes: Sequence[Outcome]) -> bool:
+    """Every figure that ran matched (skipped entries do not fail a check; they are reported)."""
+    return all(o.status in ("matched", "skipped") for o in outcomes) and any(o.status == "matched" for o in outcomes)

@@ -1,0 +1,115 @@
+"""The expected-score matrix: the fast entries reproduce, and check/record say what they did.
+
+`test_fast_check_passes` is what CI runs (both baselines on both committed samples and the
+tiny-model CoGR pipeline); the others use a small matrix written by the test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from coevo import repro
+
+
+@pytest.mark.slow  # trains the tiny CoGR pipeline (still run in CI)
+def test_fast_check_passes():
+    matrix = repro.load()
+    fast = matrix.select()
+    assert {e.id for e in fast} >= {"metatool_sample/bm25", "metatool_sample/dense", "stabletoolbench_sample/bm25",
+                                    "stabletoolbench_sample/dense", "metatool_sample/cogr_tiny"}
+    assert all(spec["expected"] is not None for e in fast for spec in e.metrics.values()), "run `coevo repro record`"
+    outcomes = repro.check()
+    failed = [o for o in outcomes if o.status != "matched"]
+    assert not failed, "\n".join(f"{o.entry} {o.metric}: expected {o.expected}, got {o.got} ({o.status})"
+                                 for o in failed)
+    assert repro.passed(outcomes)
+
+
+def test_every_entry_declares_its_command_and_tolerances():
+    matrix = repro.load()
+    assert {e.tier for e in matrix.entries} == {"fast", "slow"}
+    for entry in matrix.entries:
+        assert entry.command.startswith(("coevo ", "coevo data prepare")), entry.id
+        assert all(spec["tolerance"] >= 0 for spec in entry.metrics.values())
+    slow_sources = {matrix.dataset(e.dataset)["source"] for e in matrix.entries if e.tier == "slow"}
+    assert all(s.startswith("../shared/data/") for s in slow_sources)
+
+
+def _write_matrix(path: Path, source: str, expected: float | None, tolerance: float = 1e-9) -> Path:
+    doc = {"version": 1,
+           "datasets": {"toy": {"tier": "fast", "loader": "metatool", "source": source},
+                        "gone": {"tier": "slow", "loader": "metatool", "source": "/nonexistent/metatool"}},
+           "systems": {"bm25": {"kind": "baseline"}},
+           "entries": [{"dataset": "toy", "system": "bm25", "command": "coevo baseline bm25 DIR",
+                        "metrics": {"n_queries": {"expected": expected, "tolerance": tolerance}}},
+                       {"dataset": "gone", "system": "bm25", "command": "coevo baseline bm25 DIR",
+                        "metrics": {"n_queries": {"expected": 1.0, "tolerance": 0.0}}}]}
+    path.write_text("# header kept by record\n" + yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def fake_figures(monkeypatch):
+    """Baseline figures without retrieval: n_queries is the number of prepared test queries."""
+    def figures(data_dir: Path, system: str) -> dict[str, float]:
+        from coevo.data.schema import Dataset
+
+        return {"n_queries": float(len(Dataset.load(data_dir).relevant("test")))}
+
+    monkeypatch.setattr(repro, "baseline_figures", figures)
+
+
+def test_record_writes_real_figures_and_check_reports_each_verdict(tmp_path, fake_figures):
+    from conftest import make_toy_metatool
+
+    source = make_toy_metatool(tmp_path / "toy")
+    path = _write_matrix(tmp_path / "expected.yaml", str(source), expected=None)
+    assert repro.check(path)[0].status == "unrecorded"
+    recorded = repro.record(path, runs=2)
+    n = recorded["toy/bm25"]["n_queries"]
+    assert n > 0
+    text = path.read_text()
+    assert text.startswith("# header kept by record\n")
+    again = repro.load(path)
+    assert again.entries[0].metrics["n_queries"]["expected"] == n and "toy/bm25" in again.doc["recorded"]
+    (ok,) = repro.check(path)
+    assert (ok.status, ok.difference) == ("matched", 0.0)
+    # --slow adds the slow entries; an absent source is skipped and said so, not passed silently.
+    outcomes = repro.check(path, slow=True)
+    assert [o.status for o in outcomes] == ["matched", "skipped"] and "absent" in outcomes[1].note
+    # A wrong expectation fails with its difference.
+    _write_matrix(path, str(source), expected=n + 1)
+    (bad,) = repro.check(path)
+    assert bad.status == "failed" and bad.difference == -1.0 and not repro.passed([bad])
+
+
+def test_record_refuses_figures_that_move_between_runs(tmp_path, monkeypatch):
+    from conftest import make_toy_metatool
+
+    calls = iter(range(10))
+    monkeypatch.setattr(repro, "baseline_figures", lambda data_dir, system: {"n_queries": float(next(calls))})
+    path = _write_matrix(tmp_path / "expected.yaml", str(make_toy_metatool(tmp_path / "toy")), expected=None)
+    with pytest.raises(ValueError, match="differ between runs"):
+        repro.record(path, runs=2)
+    assert repro.load(path).entries[0].metrics["n_queries"]["expected"] is None  # nothing written
+
+
+def test_cli_check_prints_matched_and_failed_and_sets_the_exit_code(tmp_path, fake_figures):
+    from typer.testing import CliRunner
+
+    from conftest import make_toy_metatool
+    from coevo.cli.repro import app
+
+    source = make_toy_metatool(tmp_path / "toy")
+    path = _write_matrix(tmp_path / "expected.yaml", str(source), expected=None)
+    runner = CliRunner()
+    assert runner.invoke(app, ["record", "--file", str(path)]).exit_code == 0
+    result = runner.invoke(app, ["check", "--file", str(path)], terminal_width=200)
+    assert result.exit_code == 0 and "matched" in result.output and "passed" in result.output
+    n = repro.load(path).entries[0].metrics["n_queries"]["expected"]
+    _write_matrix(path, str(source), expected=n + 0.5)
+    result = runner.invoke(app, ["check", "--file", str(path)], terminal_width=200)
+    assert result.exit_code == 1 and "failed" in result.output and "-0.5" in result.output
