@@ -395,12 +395,19 @@ class CoGRParams(Section):
         description="LLM both sides start from: tiny (tests), smollm2-135m (offline), a hub id or a local path.",
     )
     seed_generator: str | None = Field(
-        min_length=1, description="G_0, the model that writes the Algorithm 1 seeds; null = the generator."
+        min_length=1, description="G_0, the model that writes the Algorithm 1 seeds; null = the generator; "
+        "yake = extractive key phrases of each item's title and description (not the paper's LLM G_0; every "
+        "item gets M seeds)."
     )
     shared_generator: StrictBool = Field(description="Ablation: one model serves both the query and the item side.")
     sft_init: StrictBool = Field(description="Start with Algorithm 1 (seeded SFT); false = ablation without it.")
     query_side_only: StrictBool = Field(
         description="Ablation: GRPO trains the query side only; the item side stays as after SFT."
+    )
+    max_empty_share: Float = Field(
+        ge=0.0, le=1.0,
+        description="A phase fails (and is not saved) when its generator writes no keyword for more than this share "
+        "of the items or of the queries it indexes (e.g. after a diverged update); 1.0 turns the check off.",
     )
     item_reward: Literal["marginal", "global"] = Field(
         description="Item-side reward: marginal (counterfactual marginal F1, the paper's) or global (ablation: "

@@ -86,6 +86,12 @@ class Tracker:
         import mlflow
         from mlflow.tracking import MlflowClient
 
+        from coevo.cli.common import init_tracking_store
+
+        # A flow started by `dvc repro` or a deployment (no CLI around it) creates a fresh sqlite
+        # store under the same lock as the CLI, so that two first runs do not race on its tables.
+        init_tracking_store(uri)
+
         self.uri = absolute_uri(uri)
         self.experiment = experiment
         self.run_name = run_name
@@ -93,9 +99,14 @@ class Tracker:
         existing = self.client.get_experiment_by_name(experiment)
         if existing is None:
             location = (Path(artifact_root) / experiment).resolve().as_uri()
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location,
-                                                               tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
-        else:
+            try:
+                self.experiment_id = self.client.create_experiment(experiment, artifact_location=location,
+                                                                   tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+            except mlflow.exceptions.MlflowException:
+                existing = self.client.get_experiment_by_name(experiment)  # another run created it meanwhile
+                if existing is None:
+                    raise
+        if existing is not None:
             self.experiment_id = existing.experiment_id
             if existing.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:  # experiments made before the tag
                 self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)

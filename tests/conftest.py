@@ -65,7 +65,7 @@ def toy_params(dest: Path) -> Path:
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     params["data"].update(dataset="toy", loader="metatool", source="toy")
     cogr = params["cogr"]
-    cogr.update(generator="tiny", seed_generator=None, rounds=1)
+    cogr.update(generator="tiny", seed_generator=None, rounds=1, max_empty_share=1.0)  # tiny writes few keywords
     cogr["sft"].update(epochs=1, batch_size=8)
     cogr["grpo"].update(num_generations=2, batch_size=4, max_prompts_per_phase=4, max_completion_length=12)
     cogr["sampling"].update(max_new_tokens=12)

@@ -27,7 +27,7 @@ CONFIGS = REPO_ROOT / "configs" / "accelerate"
 ITEMS = {f"t{i}": (f"Tool {i} {w}", f"{w} search, {w} lookup and {w} help.", [w, f"{w} search", f"tool {i}"])
          for i, w in enumerate(["weather", "flights", "translate", "currency", "recipes", "music", "maps", "news"])}
 OVERRIDES = [
-    "cogr.generator=tiny", "cogr.lora.enabled=false",
+    "cogr.generator=tiny", "cogr.lora.enabled=false", "cogr.max_empty_share=1.0",
     "cogr.sft.epochs=3", "cogr.sft.batch_size=4", "cogr.sft.learning_rate=5e-3",
     "cogr.grpo.num_generations=2", "cogr.grpo.batch_size=4", "cogr.grpo.learning_rate=1e-3",
     "cogr.grpo.max_completion_length=8",

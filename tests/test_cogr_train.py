@@ -36,6 +36,7 @@ N_TRAIN, N_VAL, N_TEST = 15, 5, 5
 # Small and fast: a few prompts per phase, short completions; no LoRA so `tiny` can move.
 OVERRIDES = [
     "cogr.generator=tiny",
+    "cogr.max_empty_share=1.0",  # the untrained tiny model writes few keywords
     "cogr.rounds=1",
     "cogr.lora.enabled=false",
     "cogr.sft.epochs=2",
@@ -398,3 +399,36 @@ def test_no_val_query_with_a_relevant_item_fails_before_any_work(tmp_path):
         CoGR(tmp_path / "run", _params(), data).run()
     assert "val split" in str(error.value) and "never on test" in str(error.value)
     assert not (tmp_path / "run" / "stamps").exists()
+
+
+def test_extractive_seeds_give_every_item_m_keywords_without_a_model(toy_dataset, tmp_path, monkeypatch):
+    """cogr.seed_generator=yake: Algorithm 1's S_i from YAKE (no generator is loaded), the
+    item's name first, up to M per item, none empty; the summary says the seeds are extractive."""
+    from coevo.models.generator import Generator
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("an extractive G_0 must not load a generator")
+
+    monkeypatch.setattr(Generator, "create", no_model)
+    run = CoGR(tmp_path / "yake", _params(["cogr.seed_generator=yake", "cogr.m_item_keywords=4"]), toy_dataset)
+    summary = run.run_phase("seed")
+    items, queries = run.seed_targets()
+    assert summary["seed_kind"] == "extractive (YAKE)" and summary["item_fallbacks"] == 0
+    assert set(items) == set(TOOLS)
+    for item_id, keywords in items.items():
+        title = TOOLS[item_id][0].lower()
+        assert keywords[0] == title and 2 <= len(keywords) <= 4 and len(set(keywords)) == len(keywords)
+    # Query targets pool the relevant item's seeds (one relevant tool per toy query).
+    assert all(queries[q] == items[q.split("-")[0]] for q in queries)
+
+
+def test_a_phase_whose_generator_writes_no_keywords_fails_unsaved(toy_dataset, tmp_path, monkeypatch):
+    from coevo.checks import GenerationError
+
+    run = CoGR(tmp_path / "empty", _params(["cogr.max_empty_share=0.5"]), toy_dataset)
+    run.run_phase("seed")
+    monkeypatch.setattr(CoGR, "_generate_keywords", lambda self, gen, prompts, *a, **k: [()] * len(prompts))
+    with pytest.raises(GenerationError, match=r"phase 00_sft, item generator: no usable output for 5 of 5 inputs.*"
+                                              r"cogr.max_empty_share = 0.5"):
+        run.run_phase("00_sft")
+    assert not run.is_done("00_sft") and not (run.phases_dir / "00_sft").exists()

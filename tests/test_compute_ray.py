@@ -62,7 +62,7 @@ def _talkative(generator):
 
 def _params(*extra: str):
     return load_params(REPO_ROOT / "params.yaml",
-                       ["cogr.generator=tiny", "grape.generator=tiny", "cohyde.generator=tiny", *extra])
+                       ["cogr.generator=tiny", "cogr.max_empty_share=1.0", "grape.generator=tiny", "cohyde.generator=tiny", *extra])
 
 
 def test_cogr_item_keywords_are_identical_on_ray(toy, ray_instance, tmp_path, monkeypatch):

@@ -18,29 +18,6 @@ from coevo.config import (
 )
 from tests.conftest import REPO_ROOT
 
-# The demo's knobs as they lived in coevo/cli/run.py (DEMO_OVERRIDES) before params/demo.yaml.
-OLD_DEMO_OVERRIDES = (
-    "data.dataset=metatool_sample",
-    "data.loader=metatool",
-    "data.source=data/sample/metatool",
-    "cogr.generator=smollm2-135m",
-    "cogr.rounds=1",
-    "cogr.max_train_queries=48",
-    "cogr.seed_temperature=0.3",
-    "cogr.lora.r=16",
-    "cogr.lora.alpha=32",
-    "cogr.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]",
-    "cogr.sft.epochs=3",
-    "cogr.sft.learning_rate=1e-3",
-    "cogr.grpo.num_generations=4",
-    "cogr.grpo.batch_size=8",
-    "cogr.grpo.max_prompts_per_phase=4",
-    # 32 until the K_max fix: a cut keyword list now gets -1, so the demo budget became 48
-    "cogr.grpo.max_completion_length=48",
-    "cogr.sampling.max_new_tokens=48",
-)
-
-
 def test_project_params_load(params_file):
     params = load_params(params_file)
     assert params.cogr.grpo.batch_size % params.cogr.grpo.num_generations == 0
@@ -179,16 +156,24 @@ def test_invalid_value_from_an_overlay_names_the_key(params_file, tmp_path):
         load_params([params_file, overlay])
 
 
-def test_demo_overlay_equals_the_old_demo_overrides(params_file):
-    demo = load_params([params_file, REPO_ROOT / "params" / "demo.yaml"])
-    old = load_params(params_file, list(OLD_DEMO_OVERRIDES))
-    assert demo == old
-    assert demo.cogr.generator == "smollm2-135m" and demo.data.source == "data/sample/metatool"
-    # The overlay holds exactly the demo knobs, nothing else.
-    overlay = yaml.safe_load((REPO_ROOT / "params" / "demo.yaml").read_text())
+def test_demo_layers_the_cpu_settings_and_only_shrinks_them(params_file):
+    """`coevo demo` = params.yaml + params/cpu.yaml + params/demo.yaml: the CPU settings (extractive
+    seeds, groups of 8, LoRA on every linear layer) on the committed sample, with fewer queries,
+    prompts and rounds; the demo overlay changes nothing else."""
+    from coevo.cli.run import DEMO_PARAMS
     from coevo.config import flatten
 
-    assert sorted(flatten(overlay)) == sorted(o.split("=")[0] for o in OLD_DEMO_OVERRIDES)
+    assert [str(p) for p in DEMO_PARAMS] == ["params.yaml", "params/cpu.yaml", "params/demo.yaml"]
+    cpu = load_params([params_file, REPO_ROOT / "params" / "cpu.yaml"])
+    demo = load_params([params_file, REPO_ROOT / "params" / "cpu.yaml", REPO_ROOT / "params" / "demo.yaml"])
+    assert demo.data.source == "data/sample/metatool" and demo.cogr.seed_generator == "yake"
+    assert demo.cogr.grpo.num_generations == cpu.cogr.grpo.num_generations == 8
+    assert demo.cogr.rounds <= cpu.cogr.rounds and demo.cogr.max_train_queries <= cpu.cogr.max_train_queries
+    overlay = yaml.safe_load((REPO_ROOT / "params" / "demo.yaml").read_text())
+    changed = {k for k, v in flatten(demo.model_dump(mode="json")).items()
+               if flatten(cpu.model_dump(mode="json")).get(k) != v}
+    # (its data section restates params.yaml's default, the committed sample, so that the demo never depends on it)
+    assert changed == {k for k in flatten(overlay) if not k.startswith("data.")}
 
 
 # ----------------------------------------------------------------- one place for defaults

@@ -49,6 +49,13 @@ def project(finished, tmp_path, chdir) -> Path:
     return copy
 
 
+def summary_curve(root: Path) -> list[dict]:
+    from coevo.config import load_params
+    from coevo.pipeline import Pipeline
+
+    return Pipeline("cogr", load_params(root / "params.yaml")).method.training_curve()
+
+
 def test_full_run_logs_every_phase_to_mlflow(finished, chdir):
     root, summary = finished
     chdir(root)
@@ -71,6 +78,11 @@ def test_full_run_logs_every_phase_to_mlflow(finished, chdir):
         assert sorted(m.step for m in client.get_metric_history(run_id, name)) == [0, 1, 2], name
     for name in ("train/reward_mean", "train/kl"):
         assert sorted(m.step for m in client.get_metric_history(run_id, name)) == [1, 2], name
+    # GRPO learning curves per training step, counted across the two GRPO phases.
+    curve_steps = [p["global_step"] for p in summary_curve(root)]
+    assert curve_steps and curve_steps == sorted(set(curve_steps))
+    for name in ("grpo/reward", "grpo/reward_std", "grpo/frac_reward_zero_std", "grpo/step_time"):
+        assert sorted(m.step for m in client.get_metric_history(run_id, name)) == curve_steps, name
     metrics = mlrun.data.metrics
     assert "bm25/val/f1" in metrics and "bm25/test/f1" in metrics and "test/00_sft/f1" in metrics
     assert mlrun.data.params["cogr.generator"] == "tiny"

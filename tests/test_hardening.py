@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from coevo.cli import app
 from coevo.cli.common import one_line, user_errors
-from conftest import SAMPLE_DIR, make_project
+from conftest import REPO_ROOT, SAMPLE_DIR, make_project
 
 runner = CliRunner()
 COEVO = str(Path(sys.executable).parent / "coevo")
@@ -309,17 +309,29 @@ def test_cli_commands_refuse_a_held_run_folder_before_any_work(tmp_path, chdir):
     assert not (project / "data" / "processed").exists() and not (project / ".prefect").exists()
 
 
-def test_the_mlflow_database_is_created_once_by_runs_starting_together(tmp_path):
+OPEN_STORE = {
+    # the CLI, before it starts a flow
+    "cli": "from coevo.cli.common import init_tracking_store\n",
+    # a flow started without the CLI (`dvc repro`, a deployment): the tracker of its MLflow run
+    "flow": "from tasks.tracking import Tracker\n",
+}
+
+
+@pytest.mark.parametrize("opener", sorted(OPEN_STORE))
+def test_the_mlflow_database_is_created_once_by_runs_starting_together(tmp_path, opener):
     """Two processes open a fresh sqlite store at the same moment (without the lock this fails with
-    `table ... already exists` / `duplicate column name`, reproduced on main)."""
+    `table ... already exists` / `duplicate column name`, reproduced on main); two flows also create
+    their experiment at the same moment."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     ready = [tmp_path / f"ready{i}" for i in range(2)]
-    code = ("import sys, time\nfrom pathlib import Path\nimport mlflow.tracking\n"
-            "from coevo.cli.common import init_tracking_store\nPath(sys.argv[1]).touch()\n"
+    call = (f"init_tracking_store({uri!r})" if opener == "cli" else
+            f"Tracker(uri={uri!r}, artifact_root={str(tmp_path / 'mlruns')!r}, experiment='cogr')")
+    code = ("import sys, time\nfrom pathlib import Path\nimport mlflow.tracking\n" + OPEN_STORE[opener] +
+            "Path(sys.argv[1]).touch()\n"
             "while not all(Path(p).exists() for p in sys.argv[2:]): time.sleep(0.01)\n"
-            f"init_tracking_store({uri!r})\nprint('ok')\n")
+            f"{call}\nprint('ok')\n")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(mark), *map(str, ready)], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for mark in ready]
+                              stderr=subprocess.STDOUT, text=True, cwd=REPO_ROOT) for mark in ready]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
     with sqlite3.connect(tmp_path / "mlflow.db") as db:

@@ -44,8 +44,8 @@ def test_explain_shows_the_merged_value_of_overlays_and_overrides():
     assert result.exit_code == 0, result.output
     value_line = next(row for row in result.output.splitlines() if row.startswith("value"))
     assert value_line.split()[-1] == "4"
-    demo = _explain("cogr.sft.epochs", "-p", str(REPO_ROOT / "params" / "demo.yaml"))
-    assert next(r for r in demo.output.splitlines() if r.startswith("value")).split()[-1] == "3"
+    demo = _explain("cogr.max_train_queries", "-p", str(REPO_ROOT / "params" / "demo.yaml"))
+    assert next(r for r in demo.output.splitlines() if r.startswith("value")).split()[-1] == "48"
 
 
 def test_explain_unknown_key_is_one_line_with_close_matches():

@@ -34,7 +34,7 @@ METHODS = ("cogr", "grape", "cohyde")
 STAGE_HELP = "Run one DVC stage only (prepare, validate, train, evaluate), or all of them."
 PARAMS_HELP = "Params file (YAML); repeat to overlay files, later ones win (e.g. -p params.yaml -p params/demo.yaml)."
 SET_HELP = "Override one param after the files, e.g. --set cogr.rounds=3 (repeatable)."
-DEMO_PARAMS = (Path("params.yaml"), Path("params") / "demo.yaml")
+DEMO_PARAMS = (Path("params.yaml"), Path("params") / "cpu.yaml", Path("params") / "demo.yaml")
 
 
 def _environment(verbose: bool) -> None:
@@ -337,11 +337,11 @@ def register_top_level(root: typer.Typer) -> None:
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs and tracebacks."),
     ) -> None:
         """The whole CoGR pipeline on the embedded MetaTool sample, on CPU, with SmolLM2-135M
-        (params.yaml overlaid with params/demo.yaml)."""
+        (params.yaml overlaid with params/cpu.yaml and params/demo.yaml)."""
         state = RunState("cogr")
         with user_errors(verbose, state.interrupted):
             console.print("[bold]coevo demo[/]: CoGR on data/sample/metatool with smollm2-135m (CPU), "
-                          "params.yaml + params/demo.yaml", soft_wrap=True)
+                          "params.yaml + params/cpu.yaml + params/demo.yaml", soft_wrap=True)
             run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose, state=state)
             console.print(
                 "next: `coevo ui` (MLflow at http://127.0.0.1:5000), `dvc repro` (pipeline), "

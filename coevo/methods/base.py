@@ -125,6 +125,23 @@ class Method(ABC):
         """(step, metrics) pairs for the tracker: learning curves per phase or training step."""
         return [(i, _flat_numbers(record)) for i, record in enumerate(self.rows())]
 
+    def training_curve(self) -> list[dict[str, Any]]:
+        """The per-step GRPO values of the finished phases (``coevo.train.grpo.learning_curve``),
+        one row per step: {"phase", "global_step" (counted across phases, in order), values...}."""
+        rows: list[dict[str, Any]] = []
+        offset = 0
+        for phase in self._plan.values():
+            if not self.is_done(phase.name):
+                continue
+            record = self.result(phase.name)
+            train = record.get("train") if isinstance(record.get("train"), Mapping) else record
+            curve = train.get("curve") or []
+            for point in curve:
+                rows.append({"phase": phase.name, "global_step": offset + int(point["step"]),
+                             **{k: v for k, v in point.items() if k != "step"}})
+            offset += int(max((p["step"] for p in curve), default=0))
+        return rows
+
     def exports(self, index_dir: Path, final: Mapping[str, Any]) -> dict[str, Any]:
         """Artifacts for other tools (CoGR: a Lucene index); none by default."""
         return {}

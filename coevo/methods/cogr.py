@@ -345,18 +345,56 @@ class CoGR(Method):
         Writes seed/items.parquet (item_id, keywords), seed/queries.parquet (query_id,
         keywords, n_relevant) and seed/summary.json; returns the summary.
         """
+        from coevo.models.extractive import extract_keywords, is_extractive
+
         done = self.seed_dir / "summary.json"
+        started = time.perf_counter()
+        name = self.cfg.seed_generator or self.cfg.generator
+        fallbacks = 0
+        if is_extractive(name):
+            self._say(f"Algorithm 1: {self.cfg.m_item_keywords} extractive keywords per item from G_0 = {name} "
+                      "(not an LLM: see coevo/models/extractive.py)")
+            extracted = extract_keywords([self.item_title[i] for i in self.item_ids],
+                                         [self.item_desc[i] for i in self.item_ids], self.cfg.m_item_keywords)
+            item_sets = dict(zip(self.item_ids, extracted))
+        else:
+            item_sets, fallbacks = self._sample_seed_keywords(name)
+        query_rows = []
+        for q in self.all_train_query_ids:
+            relevant = sorted(self.all_train_qrels.get(q, {}))
+            if not relevant:
+                continue
+            s_q = top_n_keywords([item_sets[i] for i in relevant if i in item_sets], self.cfg.n_query_keywords)
+            query_rows.append({"query_id": q, "keywords": s_q, "n_relevant": len(relevant)})
+        self.seed_dir.mkdir(parents=True, exist_ok=True)
+        write_parquet(
+            self.seed_dir / "items.parquet",
+            pd.DataFrame({"item_id": list(item_sets), "keywords": list(item_sets.values())}),
+        )
+        write_parquet(self.seed_dir / "queries.parquet", pd.DataFrame(query_rows))
+        summary = {
+            "seed_generator": name,
+            "seed_kind": "extractive (YAKE)" if is_extractive(name) else "LLM",
+            "items": len(item_sets),
+            "queries": len(query_rows),
+            "item_fallbacks": fallbacks,
+            "mean_item_keywords": float(np.mean([len(v) for v in item_sets.values()])),
+            "mean_query_keywords": float(np.mean([len(r["keywords"]) for r in query_rows])) if query_rows else 0.0,
+            "seconds": time.perf_counter() - started,
+        }
+        write_json(done, summary)  # last: marks the seed artifacts complete
+        return summary
+
+    def _sample_seed_keywords(self, name: str) -> tuple[dict[str, list[str]], int]:
+        """Algorithm 1's S_i sampled from an LLM G_0: ({item: keywords}, items that fell back to their title)."""
+        from coevo.compute import generate_texts
         from coevo.models.generator import seeded
         from coevo.retrieval.keywords import normalize_keyword, parse_keywords
 
-        started = time.perf_counter()
-        name = self.cfg.seed_generator or self.cfg.generator
         self._say(f"Algorithm 1: sampling {self.cfg.m_item_keywords} keywords per item from G_0 = {name}")
         seed = phase_seed(self.seed, -1)
         with seeded(seed):
             g0 = self._new_generator(name, lora=False)
-        from coevo.compute import generate_texts
-
         samples = generate_texts(
             g0,
             self._item_prompts(self.item_ids),
@@ -383,30 +421,7 @@ class CoGR(Method):
                 fallbacks += 1
                 pooled = [normalize_keyword(self.item_title[item_id])]
             item_sets[item_id] = pooled[: self.cfg.m_item_keywords]
-        query_rows = []
-        for q in self.all_train_query_ids:
-            relevant = sorted(self.all_train_qrels.get(q, {}))
-            if not relevant:
-                continue
-            s_q = top_n_keywords([item_sets[i] for i in relevant if i in item_sets], self.cfg.n_query_keywords)
-            query_rows.append({"query_id": q, "keywords": s_q, "n_relevant": len(relevant)})
-        self.seed_dir.mkdir(parents=True, exist_ok=True)
-        write_parquet(
-            self.seed_dir / "items.parquet",
-            pd.DataFrame({"item_id": list(item_sets), "keywords": list(item_sets.values())}),
-        )
-        write_parquet(self.seed_dir / "queries.parquet", pd.DataFrame(query_rows))
-        summary = {
-            "seed_generator": name,
-            "items": len(item_sets),
-            "queries": len(query_rows),
-            "item_fallbacks": fallbacks,
-            "mean_item_keywords": float(np.mean([len(v) for v in item_sets.values()])),
-            "mean_query_keywords": float(np.mean([len(r["keywords"]) for r in query_rows])) if query_rows else 0.0,
-            "seconds": time.perf_counter() - started,
-        }
-        write_json(done, summary)  # last: marks the seed artifacts complete
-        return summary
+        return item_sets, fallbacks
 
     def seed_targets(self) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         """(item S_i, query S_q) from the seed artifacts."""
@@ -562,6 +577,8 @@ class CoGR(Method):
             queries_train, queries_eval = q["train"], q["eval"]
         else:
             queries_train, queries_eval = previous["queries_train"], previous["queries_eval"]
+        self._check_yield(spec, items if ITEM in changed or previous is None else None,
+                          {**queries_train, **queries_eval} if QUERY in changed or previous is None else None)
         eval_metrics = evaluate_keyword_retrieval(
             queries_eval, items, self.eval_qrels, query_ids=[q for q in self.eval_query_ids if q in self.eval_qrels]
         )
@@ -612,6 +629,17 @@ class CoGR(Method):
             f"ndcg@10={record['eval']['ndcg@10']:.4f} ({record['seconds']:.0f}s)"
         )
         return record
+
+    def _check_yield(self, spec: PhaseSpec, items: Mapping[str, Sequence[str]] | None,
+                     queries: Mapping[str, Sequence[str]] | None) -> None:
+        """Fail the phase (before it is checkpointed) when a rebuilt side has no keyword for more
+        than ``cogr.max_empty_share`` of its inputs: such an index cannot retrieve them."""
+        from coevo.checks import check_generation_yield
+
+        for side, sets in ((ITEM, items), (QUERY, queries)):
+            if sets is not None:
+                check_generation_yield(sets, self.cfg.max_empty_share, f"phase {spec.name}, {side} generator",
+                                       knob="cogr.max_empty_share")
 
     def _dynamics(self, spec: PhaseSpec, items: Mapping[str, Sequence[str]], queries: Mapping[str, Sequence[str]]) -> dict[str, Any]:
         example_items = self.item_ids[:EXAMPLES_PER_SIDE]

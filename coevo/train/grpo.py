@@ -121,7 +121,9 @@ def train_grpo(
     ``prompts``: rows with a ``prompt`` (chat messages or text) and any other columns, which
     are handed to ``reward_fn`` per completion. Returns ``reward_mean`` (mean over logging
     steps), ``reward_first``/``reward_last``, ``kl`` (0 when ``beta == 0``: no reference
-    model is kept), ``steps``, ``seconds``, ``step_seconds`` and ``completion_length``.
+    model is kept), ``steps``, ``seconds``, ``step_seconds``, ``completion_length`` and
+    ``curve`` (:func:`learning_curve`: the per-step reward, its std, the share of zero-variance
+    groups, KL, loss and step time).
 
     A NaN or infinite loss, gradient norm or weight (or NaN sampling probabilities) stops
     training with :class:`~coevo.train.common.NonFiniteTraining` naming ``what`` (the phase),
@@ -199,7 +201,25 @@ def train_grpo(
         # Completion tokens sampled per second of training step (generation + loss + update).
         "tokens_per_s": (completion_length * params.batch_size / step_seconds) if completion_length and step_seconds else None,
         "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        "curve": learning_curve(history),
     }
+
+
+# The per-step values of TRL's log a learning curve keeps (TRL's names; absent ones are skipped).
+CURVE_KEYS = ("reward", "reward_std", "frac_reward_zero_std", "kl", "loss", "grad_norm", "entropy",
+              "completions/mean_length", "completions/clipped_ratio", "step_time")
+
+
+def learning_curve(history: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
+    """One row per logged training step: {"step", and each of CURVE_KEYS that TRL logged}."""
+    rows = []
+    for entry in history:
+        if "step" not in entry and "reward" not in entry:
+            continue
+        row = {k: float(entry[k]) for k in CURVE_KEYS if isinstance(entry.get(k), (int, float))}
+        if row:
+            rows.append({"step": float(entry.get("step", len(rows) + 1)), **row})
+    return rows
 
 
 def _check_reward_signature(reward_fn: RewardFn, columns: Sequence[str]) -> None:

@@ -1,0 +1,345 @@
+"""Efficacy: does a method beat its own start on real data, with 95% confidence, within a CPU budget?
+
+One seeded run of the method's real pipeline (``coevo.pipeline.Pipeline``: prepare, validate,
+the method's phases, baselines, final evaluation, reports) in a project folder of its own:
+
+1. the data: a seeded subset of a full data set (``--queries``; MetaTool has 20k queries, the
+   test split is sized so that the headline metric's 95% CI half-width stays near 0.03);
+2. params: params.yaml + params/cpu.yaml (the CPU settings) + ``--set`` overrides;
+3. train: the method's phases in order while the wall-clock budget lasts (a phase starts only
+   when the last phase of its kind says it fits; early stopping on val as configured);
+4. evaluate: BM25 and dense baselines (k for F1@k chosen on val), the method's start and the
+   phase chosen on val, read once on test; every difference with its paired-bootstrap 95% CI.
+
+Printed: one line per phase, the final table, where the learning curves are (MLflow run and a
+PNG), and last ``<method>_gain_ci_low=<x>``: the lower bound of the 95% CI of (final - start)
+on the headline metric (CoGR test F1, GRAPE test R@10, CoHyDE test NDCG@5) over the test queries.
+Library output (TRL's per-step dictionaries, warnings, progress bars) goes to ``<out>/efficacy.log``.
+
+Usage::
+
+    python bench/efficacy.py --method cogr --data ../shared/data/metatool --budget-min 60
+    python bench/efficacy.py --method grape --data ../shared/data/metatool --budget-min 60
+    python bench/efficacy.py --method cohyde --data ../shared/data/stabletoolbench --budget-min 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# The bench has the machine to itself: every core for torch (coevo.runtime would give a small model one).
+os.environ.setdefault("COEVO_THREADS", str(os.cpu_count() or 1))
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # tasks/ (the MLflow tracker) when run as a script
+
+# Per method: the loader of --data, the headline metric of the gain line, the default query subset,
+# and the split fractions (test sized for the CI; val for early stopping and k*).
+METHODS: dict[str, dict[str, Any]] = {
+    "cogr": {"loader": "metatool", "headline": "f1", "queries": 3000, "val": 0.1, "test": 0.3},
+    "grape": {"loader": "metatool", "headline": "recall@10", "queries": 3000, "val": 0.1, "test": 0.3},
+    "cohyde": {"loader": "stabletoolbench", "headline": "ndcg@5", "queries": None, "val": 0.15, "test": 0.4},
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Train one method for a wall-clock budget on real data and measure its gain over its start "
+                    "on held-out test queries (95%% paired-bootstrap CIs).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--method", required=True, choices=sorted(METHODS))
+    parser.add_argument("--data", required=True, type=Path,
+                        help="the full data set's folder (MetaTool for cogr/grape, StableToolBench for cohyde)")
+    parser.add_argument("--budget-min", type=float, required=True,
+                        help="wall-clock minutes for data preparation and training (the final test evaluation "
+                             "comes after it and is timed separately)")
+    parser.add_argument("--seed", type=int, default=42, help="params seed: data split, sampling, training")
+    parser.add_argument("--queries", type=int, default=None,
+                        help="seeded subset of the source's queries (default per method; 0 = all)")
+    parser.add_argument("--params", type=Path, action="append", default=None,
+                        help="params overlays on params.yaml (default: params/cpu.yaml); repeatable")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one knob, e.g. --set cogr.grpo.learning_rate=1e-4; repeatable")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="project folder of this run (default bench/out/efficacy-<method>-s<seed>); a "
+                             "finished phase there is reused when its key matches")
+    parser.add_argument("--fresh", action="store_true", help="delete --out first")
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------ data
+def metatool_subset(source: Path, dest: Path, n_queries: int, seed: int) -> Path:
+    """MetaTool with ``n_queries`` of its single-tool queries, drawn with ``seed`` (every tool kept)."""
+    import numpy as np
+    import pandas as pd
+
+    frame = pd.read_csv(source / "all_clean_data.csv")
+    queries = sorted(frame["Query"].astype(str).unique())
+    if n_queries and n_queries < len(queries):
+        keep = set(np.random.default_rng(seed).choice(queries, size=n_queries, replace=False))
+        frame = frame[frame["Query"].astype(str).isin(keep)]
+    dest.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(dest / "all_clean_data.csv", index=False)
+    shutil.copy2(source / "plugin_des.json", dest / "plugin_des.json")
+    return dest
+
+
+def data_source(method: str, data: Path, out: Path, n_queries: int | None, seed: int) -> Path:
+    spec = METHODS[method]
+    if spec["loader"] == "metatool":
+        if not (data / "all_clean_data.csv").is_file():
+            raise SystemExit(f"{data}: not a MetaTool folder (no all_clean_data.csv)")
+        return metatool_subset(data, out / "source", spec["queries"] if n_queries is None else n_queries, seed)
+    if n_queries:
+        raise SystemExit(f"--queries: {spec['loader']} is used whole")
+    return data.resolve()
+
+
+# -------------------------------------------------------------------------------- terminal
+class Terminal:
+    """Our lines on the real stdout; everything the libraries write (fd 1 and 2) to the log file."""
+
+    def __init__(self, log_path: Path) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_path
+        self._log = open(log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed in close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+        self._saved_err = os.dup(2)
+        os.dup2(self._log.fileno(), 1)
+        os.dup2(self._log.fileno(), 2)
+        import logging
+        import warnings
+
+        logging.captureWarnings(True)
+        warnings.simplefilter("default")
+        self.started = time.perf_counter()
+
+    def say(self, message: str) -> None:
+        line = f"[{(time.perf_counter() - self.started) / 60:5.1f} min] {message}"
+        print(line, file=self._out)
+        print(line, file=self._log)
+
+    def print_rich(self, renderable: Any) -> None:
+        from rich.console import Console
+
+        Console(file=self._out, width=120).print(renderable)
+        Console(file=self._log, width=120).print(renderable)
+
+    def close(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(self._out.fileno(), 1)
+        os.dup2(self._saved_err, 2)
+        os.close(self._saved_err)
+        self._out.close()
+        self._log.close()
+
+
+# ------------------------------------------------------------------------------- the run
+def phase_line(record: dict[str, Any], headline: str, seconds: float) -> str:
+    ev = record.get("eval") or {}
+    parts = [f"{record.get('name', record.get('stage', '?'))}: {seconds / 60:.1f} min"]
+    if headline in ev:
+        parts.append(f"val {headline}={ev[headline]:.4f}")
+    elif ev:
+        key = next(iter(ev))
+        parts.append(f"val {key}={ev[key]:.4f}")
+    train = record.get("train") or {}
+    if train.get("reward_first") is not None:
+        parts.append(f"reward {train['reward_first']:+.3f} -> {train['reward_last']:+.3f}")
+        parts.append(f"zero-std groups {train.get('frac_reward_zero_std') or 0:.2f}")
+        parts.append(f"{train.get('steps', 0)} steps of {train.get('step_seconds') or 0:.1f}s")
+    return ", ".join(parts)
+
+
+def kind_of(name: str) -> str:
+    """Phases of one kind take about as long as each other: ``02_item`` -> item, ``round_3`` -> round."""
+    head, _, tail = name.partition("_")
+    return tail if head.isdigit() else head
+
+
+def train_within(pipe: Any, budget_s: float, started: float, term: Terminal, headline: str) -> tuple[list[str], str]:
+    """Run the pending phases while the budget lasts; returns (phases run here, why training stopped)."""
+    last_seconds: dict[str, float] = {}
+    ran = []
+    for step in pipe.train_steps():
+        name = step.name.split("-", 1)[1]
+        elapsed = time.perf_counter() - started
+        expected = last_seconds.get(kind_of(name), 0.0)
+        if ran and elapsed >= budget_s:
+            return ran, f"budget spent before {name}"
+        if ran and elapsed + expected > budget_s:
+            return ran, (f"budget: {name} would end near {(elapsed + expected) / 60:.0f} min "
+                         f"(the last {kind_of(name)} phase took {expected / 60:.1f} min)")
+        was_done = step.done()
+        began = time.perf_counter()
+        record = step.run()
+        seconds = time.perf_counter() - began
+        last_seconds[kind_of(name)] = record.get("seconds", seconds) if was_done else seconds
+        ran.append(name)
+        term.say(("(reused) " if was_done else "") + phase_line({"name": name, **record}, headline, seconds))
+    return ran, "all planned phases ran (or early stopping ended training)"
+
+
+def log_curves(tracker: Any, method: Any, out: Path) -> Path | None:
+    """Per-phase val metrics (step = phase) and the GRPO per-step curves (step = global step)."""
+    from coevo.methods.base import _flat_numbers
+    from coevo.report import write_csv
+
+    for i, row in enumerate(method.rows()):
+        tracker.log_metrics({f"val/{k}": v for k, v in _flat_numbers(row.get("eval", {})).items()}, step=i)
+    rows = method.training_curve()
+    for point in rows:
+        tracker.log_metrics({f"grpo/{k}": v for k, v in point.items() if k not in ("phase", "global_step")},
+                            step=point["global_step"])
+    if not rows:
+        return None
+    csv_path = write_csv(rows, out / "curves.csv")
+    png = plot_curves(rows, out / "curves.png")
+    tracker.log_artifact(csv_path)
+    tracker.log_artifact(png)
+    return png
+
+
+def plot_curves(rows: list[dict[str, Any]], dest: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in ("reward", "reward_std", "frac_reward_zero_std", "kl", "completions/mean_length", "step_time")
+            if any(k in r for r in rows)]
+    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 1.8 * len(keys)), sharex=True)
+    axes = [axes] if len(keys) == 1 else list(axes)
+    for ax, key in zip(axes, keys):
+        for phase in dict.fromkeys(r["phase"] for r in rows):
+            pts = [(r["global_step"], r[key]) for r in rows if r["phase"] == phase and key in r]
+            if pts:
+                ax.plot(*zip(*pts), marker=".", label=phase)
+        ax.set_ylabel(key.replace("completions/", ""), fontsize=8)
+    axes[0].legend(fontsize=7, ncol=4)
+    axes[-1].set_xlabel("GRPO step (all phases)")
+    fig.tight_layout()
+    fig.savefig(dest, dpi=110)
+    plt.close(fig)
+    return dest
+
+
+def headline_ci(final: dict[str, Any], metric: str, bootstrap: dict[str, Any]) -> str:
+    """The chosen phase's test mean of ``metric`` with its 95% CI half-width (the test set's precision)."""
+    from coevo.stats import mean_ci
+
+    row = next(r for r in final["rows"] if r["phase"] == final["best_phase"])
+    values = row.get("per_query", {}).get(metric)
+    if not values:
+        return f"{metric}: no per-query values"
+    ci = mean_ci(values, resamples=bootstrap["resamples"], seed=bootstrap["seed"], confidence=bootstrap["confidence"])
+    return (f"final test {metric} = {ci.mean:.4f} [{ci.ci_low:.4f}, {ci.ci_high:.4f}] "
+            f"(half-width {(ci.ci_high - ci.ci_low) / 2:.4f}, n={ci.n})")
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = METHODS[args.method]
+    out = (args.out or ROOT / "bench" / "out" / f"efficacy-{args.method}-s{args.seed}").resolve()
+    if args.fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    overlays = [ROOT / "params.yaml", *(p.resolve() for p in (args.params or [ROOT / "params" / "cpu.yaml"]))]
+    started = time.perf_counter()
+    source = data_source(args.method, args.data.resolve(), out, args.queries, args.seed)
+    overrides = [f"seed={args.seed}", f"data.loader={spec['loader']}", f"data.source={source}",
+                 f"data.dataset={args.method}_efficacy", f"data.val_fraction={spec['val']}",
+                 f"data.test_fraction={spec['test']}", *args.overrides]
+    from coevo.config import load_params
+
+    params = load_params(overlays, overrides)  # a bad knob fails here, before any work
+    term = Terminal(out / "efficacy.log")
+    try:
+        return _run(args, params, overlays, overrides, out, term, started, spec)
+    finally:
+        term.close()
+
+
+def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
+    from coevo import report
+    from coevo.pipeline import Pipeline
+    from tasks.tracking import Tracker
+
+    os.chdir(out)  # the run's project folder: data/, .coevo/, mlflow.db
+    headline = spec["headline"]
+    term.say(f"{args.method} on {args.data} (queries: {(args.queries if args.queries is not None else spec['queries']) or 'all'}), "
+             f"seed {args.seed}, budget {args.budget_min:g} min; project {out}; library output: {term.log_path}")
+    term.say("params: " + " + ".join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in overlays)
+             + (f"  --set {' '.join(args.overrides)}" if args.overrides else ""))
+    pipe = Pipeline(args.method, params)
+    pipe.prepare().run()
+    pipe.validate().run()
+    counts = json.loads((pipe.layout.processed / "dataset.json").read_text()).get("counts", {})
+    term.say(f"data: {counts}")
+    with Tracker(uri=params.tracking.uri, artifact_root=params.tracking.artifact_root,
+                 experiment=f"efficacy-{args.method}", run_name=f"{args.method}-s{args.seed}-{args.budget_min:g}min") as tr:
+        tr.log_params({"budget_min": args.budget_min, "seed": args.seed, "queries": args.queries or spec["queries"],
+                       "overlays": ",".join(p.name for p in overlays), "overrides": " ".join(args.overrides),
+                       **{k: v for k, v in _flat(params.model_dump(mode="json")).items()
+                          if k.split(".")[0] in (args.method, "seed", "data", "evaluation")}})
+        ran, why = train_within(pipe, args.budget_min * 60, started, term, headline)
+        train_s = time.perf_counter() - started
+        term.say(f"training stopped: {why}; {train_s / 60:.1f} min of the {args.budget_min:g} min budget")
+        png = log_curves(tr, pipe.method, out)
+        eval_started = time.perf_counter()
+        results = {}
+        for step in pipe.evaluate_steps():
+            results[step.name] = step.run()
+            term.say(f"{step.label}: done")
+        table = results[f"{args.method}-reports"]["table"]
+        final = results[f"{args.method}-final"]
+        tr.log_metrics(report.tracking_metrics(table))
+        tr.set_tags({**report.table_tags(table), "efficacy.stopped": why})
+        tr.log_metrics({"time/train_min": train_s / 60, "time/eval_min": (time.perf_counter() - eval_started) / 60})
+        url = tr.run_url()
+    term.say(f"final evaluation: {(time.perf_counter() - eval_started) / 60:.1f} min")
+    rows = [r for r in table["rows"]]
+    term.print_rich(report.metrics_table(rows, table["columns"], title=f"{args.method}: efficacy ({table['split']}, "
+                                         f"n={table['n_queries']}; val rows choose the phase)"))
+    term.say(headline_ci(final, headline, params.evaluation.bootstrap.model_dump()))
+    gain = next((c for c in table["comparisons"] if c["name"] == report.VS_START and c["metric"] == headline), None)
+    if gain is None:
+        raise SystemExit(f"no {report.VS_START} comparison on {headline} in the final table")
+    term.say(f"gain of {table['best_phase']} over {table['start_phase']} on test {headline}: "
+             f"{report.difference_text(gain)} (n={gain['n']})")
+    term.say(f"curves: {png or 'no GRPO steps ran'}; MLflow run: {url} (mlflow ui --backend-store-uri "
+             f"{params.tracking.uri} from {out})")
+    term.say(f"total {(time.perf_counter() - started) / 60:.1f} min")
+    print(f"{args.method}_gain_ci_low={gain['ci_low']:.4f}", file=term._out)
+    return 0
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
