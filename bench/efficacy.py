@@ -195,16 +195,13 @@ def train_within(pipe: Any, budget_s: float, started: float, term: Terminal, hea
 
 
 def log_curves(tracker: Any, method: Any, out: Path) -> Path | None:
-    """Per-phase val metrics (step = phase) and the GRPO per-step curves (step = global step)."""
-    from coevo.methods.base import _flat_numbers
+    """What the flows log (per-phase records, step = phase; GRPO per step, step = global step),
+    plus the curves as CSV and PNG."""
     from coevo.report import write_csv
 
-    for i, row in enumerate(method.rows()):
-        tracker.log_metrics({f"val/{k}": v for k, v in _flat_numbers(row.get("eval", {})).items()}, step=i)
+    for step_no, metrics in (*method.tracking_series(), *method.training_curve_series()):
+        tracker.log_metrics(metrics, step=step_no)
     rows = method.training_curve()
-    for point in rows:
-        tracker.log_metrics({f"grpo/{k}": v for k, v in point.items() if k not in ("phase", "global_step")},
-                            step=point["global_step"])
     if not rows:
         return None
     csv_path = write_csv(rows, out / "curves.csv")
@@ -275,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
     from coevo import report
+    from coevo.config import flatten
     from coevo.pipeline import Pipeline
     from tasks.tracking import Tracker
 
@@ -293,7 +291,7 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
                  experiment=f"efficacy-{args.method}", run_name=f"{args.method}-s{args.seed}-{args.budget_min:g}min") as tr:
         tr.log_params({"budget_min": args.budget_min, "seed": args.seed, "queries": args.queries or spec["queries"],
                        "overlays": ",".join(p.name for p in overlays), "overrides": " ".join(args.overrides),
-                       **{k: v for k, v in _flat(params.model_dump(mode="json")).items()
+                       **{k: v for k, v in flatten(params.model_dump(mode="json")).items()
                           if k.split(".")[0] in (args.method, "seed", "data", "evaluation")}})
         ran, why = train_within(pipe, args.budget_min * 60, started, term, headline)
         train_s = time.perf_counter() - started
@@ -311,8 +309,7 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
         tr.log_metrics({"time/train_min": train_s / 60, "time/eval_min": (time.perf_counter() - eval_started) / 60})
         url = tr.run_url()
     term.say(f"final evaluation: {(time.perf_counter() - eval_started) / 60:.1f} min")
-    rows = [r for r in table["rows"]]
-    term.print_rich(report.metrics_table(rows, table["columns"], title=f"{args.method}: efficacy ({table['split']}, "
+    term.print_rich(report.metrics_table(table["rows"], table["columns"], title=f"{args.method}: efficacy ({table['split']}, "
                                          f"n={table['n_queries']}; val rows choose the phase)"))
     term.say(headline_ci(final, headline, params.evaluation.bootstrap.model_dump()))
     gain = next((c for c in table["comparisons"] if c["name"] == report.VS_START and c["metric"] == headline), None)
@@ -325,16 +322,6 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
     term.say(f"total {(time.perf_counter() - started) / 60:.1f} min")
     print(f"{args.method}_gain_ci_low={gain['ci_low']:.4f}", file=term._out)
     return 0
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def main(argv: list[str] | None = None) -> int:

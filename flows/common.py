@@ -77,9 +77,8 @@ def evaluate(pipe: Pipeline) -> dict[str, Any]:
         tracker.set_tags(_tags(pipe))
         for step_no, metrics in method.tracking_series():
             tracker.log_metrics(metrics, step=step_no)
-        for point in method.training_curve():  # GRPO per step: reward, its std, zero-std groups, KL, step time
-            tracker.log_metrics({f"grpo/{k}": v for k, v in point.items() if k not in ("phase", "global_step")},
-                                step=point["global_step"])
+        for step_no, metrics in method.training_curve_series():  # GRPO per step: reward, its std, KL, ...
+            tracker.log_metrics(metrics, step=step_no)
         tracker.log_metrics(report.tracking_metrics(table))
         tracker.set_tags(report.table_tags(table))
         tracker.set_tags({"best_phase": final["best_phase"]})

@@ -142,6 +142,11 @@ class Method(ABC):
             offset += int(max((p["step"] for p in curve), default=0))
         return rows
 
+    def training_curve_series(self) -> list[tuple[int, dict[str, float]]]:
+        """:meth:`training_curve` as (global step, {"grpo/<value>": ...}) pairs for the tracker."""
+        return [(point["global_step"], {f"grpo/{k}": v for k, v in point.items() if k not in ("phase", "global_step")})
+                for point in self.training_curve()]
+
     def exports(self, index_dir: Path, final: Mapping[str, Any]) -> dict[str, Any]:
         """Artifacts for other tools (CoGR: a Lucene index); none by default."""
         return {}

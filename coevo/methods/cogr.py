@@ -570,15 +570,15 @@ class CoGR(Method):
         previous = self.keywords(spec.index - 1) if spec.index > 0 else None
         if ITEM in changed or previous is None:
             items = self._index_items(gens[ITEM], seed)
+            self._check_yield(spec, ITEM, items)
         else:
             items = previous["items"]
         if QUERY in changed or previous is None:
             q = self._index_queries(gens[QUERY], seed)
             queries_train, queries_eval = q["train"], q["eval"]
+            self._check_yield(spec, QUERY, {**queries_train, **queries_eval})
         else:
             queries_train, queries_eval = previous["queries_train"], previous["queries_eval"]
-        self._check_yield(spec, items if ITEM in changed or previous is None else None,
-                          {**queries_train, **queries_eval} if QUERY in changed or previous is None else None)
         eval_metrics = evaluate_keyword_retrieval(
             queries_eval, items, self.eval_qrels, query_ids=[q for q in self.eval_query_ids if q in self.eval_qrels]
         )
@@ -630,16 +630,13 @@ class CoGR(Method):
         )
         return record
 
-    def _check_yield(self, spec: PhaseSpec, items: Mapping[str, Sequence[str]] | None,
-                     queries: Mapping[str, Sequence[str]] | None) -> None:
+    def _check_yield(self, spec: PhaseSpec, side: str, sets: Mapping[str, Sequence[str]]) -> None:
         """Fail the phase (before it is checkpointed) when a rebuilt side has no keyword for more
         than ``cogr.max_empty_share`` of its inputs: such an index cannot retrieve them."""
         from coevo.checks import check_generation_yield
 
-        for side, sets in ((ITEM, items), (QUERY, queries)):
-            if sets is not None:
-                check_generation_yield(sets, self.cfg.max_empty_share, f"phase {spec.name}, {side} generator",
-                                       knob="cogr.max_empty_share")
+        check_generation_yield(sets, self.cfg.max_empty_share, f"phase {spec.name}, {side} generator",
+                               knob="cogr.max_empty_share")
 
     def _dynamics(self, spec: PhaseSpec, items: Mapping[str, Sequence[str]], queries: Mapping[str, Sequence[str]]) -> dict[str, Any]:
         example_items = self.item_ids[:EXAMPLES_PER_SIDE]

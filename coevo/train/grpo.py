@@ -214,8 +214,6 @@ def learning_curve(history: Sequence[dict[str, Any]]) -> list[dict[str, float]]:
     """One row per logged training step: {"step", and each of CURVE_KEYS that TRL logged}."""
     rows = []
     for entry in history:
-        if "step" not in entry and "reward" not in entry:
-            continue
         row = {k: float(entry[k]) for k in CURVE_KEYS if isinstance(entry.get(k), (int, float))}
         if row:
             rows.append({"step": float(entry.get("step", len(rows) + 1)), **row})
