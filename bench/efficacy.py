@@ -26,12 +26,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,8 @@ os.environ.setdefault("COEVO_THREADS", str(os.cpu_count() or 1))
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tasks/ (the MLflow tracker) when run as a script
+
+from coevo.cli.terminal import LibraryOutputToLog  # noqa: E402 - after the environment above
 
 # Per method: the loader of --data, the headline metric of the gain line, the default query subset,
 # and the split fractions (test sized for the CI; val for early stopping and k*).
@@ -107,45 +110,30 @@ def data_source(method: str, data: Path, out: Path, n_queries: int | None, seed:
 
 
 # -------------------------------------------------------------------------------- terminal
-class Terminal:
-    """Our lines on the real stdout; everything the libraries write (fd 1 and 2) to the log file."""
+class Terminal(LibraryOutputToLog):
+    """Our time-stamped lines on the real stdout (and in the log); library output to the log only."""
 
-    def __init__(self, log_path: Path) -> None:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_path
-        self._log = open(log_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed in close()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self._out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
-        self._saved_err = os.dup(2)
-        os.dup2(self._log.fileno(), 1)
-        os.dup2(self._log.fileno(), 2)
-        import logging
-        import warnings
-
+    def __enter__(self) -> "Terminal":
+        super().__enter__()
         logging.captureWarnings(True)
-        warnings.simplefilter("default")
+        warnings.simplefilter("default")  # every warning once per place, in the log
         self.started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        logging.captureWarnings(False)
+        super().__exit__(*exc)
 
     def say(self, message: str) -> None:
         line = f"[{(time.perf_counter() - self.started) / 60:5.1f} min] {message}"
-        print(line, file=self._out)
-        print(line, file=self._log)
+        print(line, file=self.out)
+        print(line, file=self.log)
 
     def print_rich(self, renderable: Any) -> None:
         from rich.console import Console
 
-        Console(file=self._out, width=120).print(renderable)
-        Console(file=self._log, width=120).print(renderable)
-
-    def close(self) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(self._out.fileno(), 1)
-        os.dup2(self._saved_err, 2)
-        os.close(self._saved_err)
-        self._out.close()
-        self._log.close()
+        Console(file=self.out, width=120).print(renderable)
+        Console(file=self.log, width=120).print(renderable)
 
 
 # ------------------------------------------------------------------------------- the run
@@ -171,7 +159,7 @@ def kind_of(name: str) -> str:
     return tail if head.isdigit() else head
 
 
-def train_within(pipe: Any, budget_s: float, started: float, term: Terminal, headline: str) -> tuple[list[str], str]:
+def train_within(pipe: Any, budget_s: float, started: float, term: "Terminal", headline: str) -> tuple[list[str], str]:
     """Run the pending phases while the budget lasts; returns (phases run here, why training stopped)."""
     last_seconds: dict[str, float] = {}
     ran = []
@@ -263,11 +251,8 @@ def run(args: argparse.Namespace) -> int:
     from coevo.config import load_params
 
     params = load_params(overlays, overrides)  # a bad knob fails here, before any work
-    term = Terminal(out / "efficacy.log")
-    try:
+    with Terminal(out / "efficacy.log") as term:
         return _run(args, params, overlays, overrides, out, term, started, spec)
-    finally:
-        term.close()
 
 
 def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
@@ -320,7 +305,7 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
     term.say(f"curves: {png or 'no GRPO steps ran'}; MLflow run: {url} (mlflow ui --backend-store-uri "
              f"{params.tracking.uri} from {out})")
     term.say(f"total {(time.perf_counter() - started) / 60:.1f} min")
-    print(f"{args.method}_gain_ci_low={gain['ci_low']:.4f}", file=term._out)
+    print(f"{args.method}_gain_ci_low={gain['ci_low']:.4f}", file=term.out)
     return 0
 
 

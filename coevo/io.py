@@ -16,6 +16,7 @@ import math
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,14 +25,25 @@ _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
+_nesting = threading.local()  # how many atomic_path blocks this thread is inside
+
+
 @contextlib.contextmanager
-def atomic_path(dest: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Path]:
+def atomic_path(dest: str | os.PathLike, *, is_dir: bool = False, collective: bool = True) -> Iterator[Path]:
     """Yield a temporary path beside ``dest``; on success rename it onto ``dest``.
 
     On any exception the temporary file or folder is removed and ``dest`` is untouched.
+    Under a multi-process launch the outermost write is rank 0's: the other ranks drop their
+    copy, and all ranks meet at a barrier before going on (``coevo.distributed``). Writes
+    nested inside it land in that rank's own temporary folder, so they are plain writes.
+    ``collective=False`` is a write of this process alone (rank 0's run lock): no barrier.
     """
+    from coevo import distributed
+
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    outermost = getattr(_nesting, "depth", 0) == 0
+    commit = distributed.is_writer() or not outermost or not collective
     if is_dir:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
         os.chmod(tmp, 0o777 & ~_UMASK)
@@ -41,9 +53,12 @@ def atomic_path(dest: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         tmp = Path(name)
         # mkstemp creates 0600; artifacts get the usual umask-based mode instead.
         os.chmod(tmp, 0o666 & ~_UMASK)
+    _nesting.depth = getattr(_nesting, "depth", 0) + 1
     try:
         yield tmp
-        if is_dir:
+        if not commit:
+            _remove(tmp)
+        elif is_dir:
             if dest.exists():
                 # Move the old folder aside first so the swap leaves no mixed contents.
                 old = dest.with_name(f".{dest.name}.old")
@@ -56,21 +71,30 @@ def atomic_path(dest: str | os.PathLike, *, is_dir: bool = False) -> Iterator[Pa
         else:
             os.replace(tmp, dest)
     except BaseException:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
+    finally:
+        _nesting.depth -= 1
+    if outermost and collective:
+        distributed.barrier()
 
 
-def write_text(dest: str | os.PathLike, text: str) -> Path:
-    with atomic_path(dest) as tmp:
+def _remove(tmp: Path) -> None:
+    if tmp.is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.unlink(missing_ok=True)
+
+
+def write_text(dest: str | os.PathLike, text: str, *, collective: bool = True) -> Path:
+    with atomic_path(dest, collective=collective) as tmp:
         tmp.write_text(text, encoding="utf-8")
     return Path(dest)
 
 
-def write_json(dest: str | os.PathLike, obj: Any, *, indent: int = 2) -> Path:
-    return write_text(dest, json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n")
+def write_json(dest: str | os.PathLike, obj: Any, *, indent: int = 2, collective: bool = True) -> Path:
+    return write_text(dest, json.dumps(obj, indent=indent, sort_keys=True, ensure_ascii=False) + "\n",
+                      collective=collective)
 
 
 def write_parquet(dest: str | os.PathLike, frame) -> Path:

@@ -96,7 +96,8 @@ def run_lock(run_dir: str | Path, what: str = "") -> Iterator[Path]:
             started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
             command = what or " ".join(["coevo" if Path(sys.argv[0]).name == "coevo" else sys.argv[0], *sys.argv[1:]])
             write_json(holder_path(run_dir), {"pid": os.getpid(), "host": socket.gethostname(),
-                                              "started": started, "command": command})
+                                              "started": started, "command": command},
+                       collective=False)  # rank 0 alone holds the lock (coevo.distributed)
         yield path
     finally:
         if outermost:

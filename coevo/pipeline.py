@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from coevo.baselines import DEFAULT_ENCODER
+from coevo import distributed
 from coevo.config import Params
 from coevo.layout import Layout
 from coevo.methods.base import MONITOR_SPLIT, Method, method_class
@@ -97,7 +98,7 @@ class Pipeline:
             return verify is None or verify(read_stamp(stamp)["result"])
 
         def run() -> dict[str, Any]:
-            if not done():  # outputs changed under a matching key (a DVC checkout): redo
+            if not done() and distributed.is_writer():  # outputs changed under a matching key (a DVC checkout): redo
                 stamp.unlink(missing_ok=True)
             return run_stamped(stamp, key, outputs, work)
 

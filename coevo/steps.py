@@ -109,6 +109,11 @@ def is_done(stamp_path: Path, key: str, outputs: Iterable[Path] = ()) -> bool:
 
 
 def remove_outputs(outputs: Iterable[Path]) -> None:
+    """Remove a step's outputs (rank 0's job under a multi-process launch: ``coevo.distributed``)."""
+    from coevo import distributed
+
+    if not distributed.is_writer():
+        return
     for path in outputs:
         path = Path(path)
         if path.is_dir() and not path.is_symlink():

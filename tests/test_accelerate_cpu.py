@@ -80,6 +80,48 @@ def test_two_cpu_processes_train_sft_and_grpo_like_one(tmp_path):
     assert set(two) == set(one) and set(two["grpo"]) == set(one["grpo"])
 
 
+def _launch_cli(processes: int, params: Path, data: Path, out: Path) -> subprocess.CompletedProcess:
+    """The README's launch path: the `coevo` console script is the training script."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COEVO_CPU_BF16": "0", "CUDA_VISIBLE_DEVICES": ""}
+    mode = ["--multi_gpu"] if processes > 1 else ["--cpu"]  # see the module docstring
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", str(processes),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(_free_port()), str(Path(sys.executable).with_name("coevo")),
+           "train", "cogr", "-p", str(params), "--data", str(data), "--out", str(out), "-q",
+           "--set", "cogr.sft.batch_size=4", "--set", "cogr.grpo.batch_size=2"]
+    done = subprocess.run(cmd, env=env, cwd=out.parent, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    return done
+
+
+@pytest.mark.slow
+def test_coevo_train_under_two_processes_writes_once_like_one_process(tmp_path):
+    """`accelerate launch ... coevo train cogr` with 2 gloo ranks: every rank runs the phase chain,
+    rank 0 alone writes the run folder (coevo.distributed), and the folder holds the same files
+    as a one-process run; the ranks really split the data (half the SFT steps)."""
+    from conftest import make_toy_metatool, toy_params
+    from coevo.data.loaders import load_source
+    from coevo.io import read_json
+
+    source = make_toy_metatool(tmp_path / "toy")
+    data = tmp_path / "data"
+    load_source("metatool", str(source), seed=42, val_fraction=0.2, test_fraction=0.2, name="toy").save(data)
+    params = toy_params(tmp_path / "params.yaml")
+    two = _launch_cli(2, params, data, tmp_path / "two")
+    one = _launch_cli(1, params, data, tmp_path / "one")
+    assert two.stdout.count("on the val split") == 1, two.stdout  # rank 0 alone prints the table
+    files = _files(tmp_path / "one")
+    assert _files(tmp_path / "two") == files
+    assert not [f for f in files if f.endswith(".tmp") or ".old" in f], files  # no rank left scratch behind
+    for name in ("seed", "00_sft", "01_query", "02_item"):
+        stamps = {run: read_json(tmp_path / run / "stamps" / f"{name}.json") for run in ("one", "two")}
+        assert {s["state"] for s in stamps.values()} == {"done"}
+        assert stamps["one"]["key"] == stamps["two"]["key"]  # same params, data and code
+    sft = {run: read_json(tmp_path / run / "phases" / "00_sft" / "metrics.json")["train"] for run in ("one", "two")}
+    steps = {run: sft[run]["query_steps"] + sft[run]["item_steps"] for run in sft}
+    assert steps["two"] < steps["one"], sft  # each rank trained on its half of the examples
+
+
 # ------------------------------------------------------------------------ the launched script
 def _completion_loss(generator, examples) -> float:
     """Mean cross-entropy of the completions given their prompts (what SFT minimises)."""
@@ -128,17 +170,18 @@ def main(out: Path) -> None:
     grpo = train_grpo(generator, rows, length_reward, cfg.grpo, out / "scratch" / "grpo", seed,
                       temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p)
     state.wait_for_everyone()
-    if state.is_main_process:  # one writer: checkpoints and metrics come from rank 0 only
+    if state.is_main_process:  # removals are rank 0's
         import shutil
 
         shutil.rmtree(out / "scratch", ignore_errors=True)
-        generator.save(out / "generator")
-        write_json(out / "metrics.json", {"world_size": state.num_processes, "ranks_that_wrote": [state.process_index],
-                                          "distributed_type": str(state.distributed_type.value),
-                                          "backend": state.backend,
-                                          "sft_loss_before": before, "sft_loss_after": after,
-                                          "sft": sft, "grpo": grpo})
-    state.wait_for_everyone()
+    # Every rank saves, as coevo's phases do: rank 0's files land, the others' copies are dropped
+    # (coevo.distributed), so "ranks_that_wrote" can only read [0].
+    generator.save(out / "generator")
+    write_json(out / "metrics.json", {"world_size": state.num_processes, "ranks_that_wrote": [state.process_index],
+                                      "distributed_type": str(state.distributed_type.value),
+                                      "backend": state.backend,
+                                      "sft_loss_before": before, "sft_loss_after": after,
+                                      "sft": sft, "grpo": grpo})
 
 
 if __name__ == "__main__":

@@ -383,6 +383,19 @@ def test_stopping_ui_leaves_no_mlflow_or_huey_process(tmp_path):
             cli.kill()
 
 
+# ------------------------------------------------------------------------ offline by default
+@pytest.mark.parametrize("preset, expected", [(None, ("1", "1")), ("0", ("0", "0")), ("1", ("1", "1"))])
+def test_every_command_loads_models_offline_unless_the_user_allows_downloads(preset, expected, monkeypatch):
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(name, "unset-marker")  # recorded, so the test's teardown restores it
+        monkeypatch.delenv(name)
+    if preset is not None:
+        monkeypatch.setenv("HF_HUB_OFFLINE", preset)
+    result = runner.invoke(app, ["params", "show", "cogr.lora", "-p", str(REPO_ROOT / "params.yaml")])
+    assert result.exit_code == 0, result.output
+    assert (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE")) == expected
+
+
 # ------------------------------------------------------------------ checks before any work
 @pytest.mark.parametrize(
     "override, key",
@@ -490,7 +503,9 @@ def test_a_failure_inside_the_prefect_flow_is_one_line(tmp_path):
                             cwd=project, env=cli_env(project), capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stdout + result.stderr
     errors = [l for l in result.stderr.splitlines() if l.strip()]
-    assert len([l for l in errors if l.startswith("error:")]) == 1 and "no_such_source" in errors[-1], result.stderr
+    # the one error line, then the log holding the library output and the traceback (tests/test_terminal.py)
+    assert len([l for l in errors if l.startswith("error:")]) == 1 and "no_such_source" in errors[-2], result.stderr
+    assert errors[-1].startswith("details: logs/coevo-run-cogr-"), result.stderr
     assert "Traceback" not in result.stdout + result.stderr and "Crash" not in result.stderr
 
 

@@ -90,3 +90,67 @@ def test_artifacts_get_umask_mode_not_0600(tmp_path):
     os.umask(umask)
     path = io.write_text(tmp_path / "a.txt", "x")
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+# ------------------------------------------------ several processes, one writer (coevo.distributed)
+@pytest.fixture
+def launched(monkeypatch):
+    """This process as rank ``r`` of a 2-process launch; barriers are recorded, not waited on."""
+    from coevo import distributed
+
+    events: list[str] = []
+    monkeypatch.setattr(distributed, "barrier", lambda: events.append("barrier"))
+
+    def as_rank(r: int) -> list[str]:
+        monkeypatch.setenv("RANK", str(r))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        return events
+
+    return as_rank
+
+
+def test_only_rank_0_commits_a_write_and_every_rank_meets_at_the_barrier(tmp_path, launched):
+    events = launched(1)
+    io.write_json(tmp_path / "a.json", {"rank": 1})
+    with io.atomic_path(tmp_path / "ckpt", is_dir=True) as tmp:
+        io.write_json(tmp / "inner.json", {})  # nested: lands in this rank's temp folder, no barrier of its own
+    assert list(tmp_path.iterdir()) == [] and events == ["barrier", "barrier"]  # nothing left behind
+
+    events = launched(0)
+    io.write_json(tmp_path / "a.json", {"rank": 0})
+    with io.atomic_path(tmp_path / "ckpt", is_dir=True) as tmp:
+        io.write_json(tmp / "inner.json", {})
+    assert io.read_json(tmp_path / "a.json") == {"rank": 0} and (tmp_path / "ckpt" / "inner.json").is_file()
+    assert events == ["barrier"] * 4
+
+
+def test_a_failed_write_waits_for_no_one_and_a_private_write_commits_on_any_rank(tmp_path, launched):
+    events = launched(1)
+    with pytest.raises(RuntimeError):
+        with io.atomic_path(tmp_path / "a.json") as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("crash mid-write")
+    io.write_json(tmp_path / "lock.json", {"pid": 1}, collective=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["lock.json"] and events == []
+
+
+@pytest.mark.parametrize("rank, order", [(0, ["work", "barrier"]), (1, ["barrier", "work"])])
+def test_writer_first_runs_rank_0_before_the_others(rank, order, launched):
+    from coevo import distributed
+
+    events = launched(rank)
+    with distributed.writer_first():
+        events.append("work")
+    assert events == order
+
+
+def test_outside_a_launch_every_process_writes(tmp_path, monkeypatch):
+    from coevo import distributed
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert distributed.is_writer() and not distributed.multi_process()
+    distributed.barrier()  # a no-op: no process group is needed
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="WORLD_SIZE='two'"):
+        distributed.world_size()

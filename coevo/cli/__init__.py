@@ -4,6 +4,8 @@ Each command group lives in its own module and imports heavy libraries (torch, p
 prefect) only inside its commands, so `coevo --help` answers at once.
 """
 
+import os
+
 import typer
 
 from coevo.cli import baseline, data, params, repro, run, search, train
@@ -15,6 +17,21 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
 )
+
+
+@app.callback()
+def offline_models() -> None:
+    """Every command loads models offline unless the user says otherwise.
+
+    No command should reach a model hub behind the user's back (a GPU worker without
+    network would hang on a retry loop): HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE default to 1;
+    set HF_HUB_OFFLINE=0 to let a model id be downloaded. Data downloads (`coevo data
+    download`) go through plain HTTP and are not affected.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", os.environ["HF_HUB_OFFLINE"])
+
+
 app.add_typer(data.app, name="data")
 app.add_typer(baseline.app, name="baseline")
 app.add_typer(train.app, name="train")

@@ -4,20 +4,26 @@ The flows live in the project's top-level `flows/` folder and are loaded the way
 prefect.yaml entrypoints are (`flows/<method>.py:<method>_flow`), so nothing is installed
 under the bare names `flows` or `tasks`. Before Prefect starts, the same staleness keys
 that the flow's tasks use tell whether anything would run at all: a finished pipeline
-answers at once with its last results.
+answers at once with its last results. While a flow runs, the screen shows one line per step,
+the results and the MLflow URL; library output (trainer dictionaries, progress bars, warnings)
+goes to ``logs/coevo-<command>-<time>.log`` (`coevo.cli.terminal`), or stays on screen with
+``--verbose``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from coevo.cli.common import (
+    EXIT_INTERRUPT,
     console,
     err_console,
     init_tracking_store,
@@ -26,6 +32,7 @@ from coevo.cli.common import (
     spawn_server,
     stop_server,
     user_errors,
+    verbose_wanted,
 )
 
 app = typer.Typer(help="Run a method's full pipeline as a Prefect flow.", no_args_is_help=True)
@@ -33,14 +40,13 @@ app = typer.Typer(help="Run a method's full pipeline as a Prefect flow.", no_arg
 METHODS = ("cogr", "grape", "cohyde")
 STAGE_HELP = "Run one DVC stage only (prepare, validate, train, evaluate), or all of them."
 PARAMS_HELP = "Params file (YAML); repeat to overlay files, later ones win (e.g. -p params.yaml -p params/demo.yaml)."
+VERBOSE_HELP = "Keep library output (trainer logs, warnings, Prefect's task logs) on screen; show tracebacks."
 SET_HELP = "Override one param after the files, e.g. --set cogr.rounds=3 (repeatable)."
 DEMO_PARAMS = (Path("params.yaml"), Path("params") / "cpu.yaml", Path("params") / "demo.yaml")
 
 
 def _environment(verbose: bool) -> None:
-    """Offline models, a quiet Prefect console, and time for the local server to start."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    """A quiet Prefect console and time for the local server to start (offline models: `coevo.cli`)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     # The local server's usage telemetry races its own first database migration (a noisy
@@ -60,18 +66,24 @@ def _environment(verbose: bool) -> None:
 class _RichSteps:
     """Draws the flow's steps as a rich progress bar (one line per finished step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Any = None) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+        # With library output in a log (``log``, a LibraryOutputToLog), the bar must not take over
+        # sys.stdout/sys.stderr (rich's default): it would print that output above the bar.
+        self.log = log
         self.progress = Progress(
             SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=err_console, transient=False,
+            TimeElapsedColumn(), console=err_console, transient=False, redirect_stdout=log is None,
+            redirect_stderr=log is None,
         )
         self.task_id = None
+        self.title = ""
         self.started_at = 0.0
         self.current: str | None = None  # the step running now (named when interrupted)
 
     def plan(self, total: int, title: str) -> None:
+        self.title = title
         if self.task_id is None:
             self.task_id = self.progress.add_task(title, total=total)
         else:
@@ -80,6 +92,8 @@ class _RichSteps:
     def started(self, label: str) -> None:
         self.started_at = time.perf_counter()
         self.current = label
+        if self.log is not None:
+            self.log.note(f"{label}: started")
         if self.task_id is not None:
             self.progress.update(self.task_id, description=label)
 
@@ -88,8 +102,12 @@ class _RichSteps:
         self.current = None
         how = "[dim]cached[/]" if cached else f"[green]done[/] in {seconds:.1f}s"
         self.progress.console.print(f"  {label}: {how}")
+        if self.log is not None:
+            self.log.note(f"{label}: {'cached' if cached else f'done in {seconds:.1f}s'}")
         if self.task_id is not None:
             self.progress.advance(self.task_id)
+            if self.progress.tasks[0].finished:  # the bar stays on screen: name the run, not its last step
+                self.progress.update(self.task_id, description=self.title)
 
 
 def load_flow(method: str) -> Any:
@@ -104,12 +122,14 @@ def load_flow(method: str) -> Any:
 
 
 class RunState:
-    """What a `coevo run` is doing, for the line printed when it is interrupted."""
+    """What a `coevo run` is doing, for the line printed when it is interrupted or fails."""
 
-    def __init__(self, method: str) -> None:
+    def __init__(self, method: str, command: str | None = None) -> None:
         self.method = method
+        self.command = command or f"run-{method}"  # names the log file
         self.pipe: Any = None
         self.steps: _RichSteps | None = None
+        self.log_path: Path | None = None  # library output, once the flow's work started
 
     def interrupted(self) -> str:
         """"during <step>; last finished phase: <label> (<name>); ... resume with: <command>"."""
@@ -203,20 +223,48 @@ def run_method(
                           "these inputs (data, params, code); nothing ran.", soft_wrap=True)
             print_summary(summary)
             return summary
-        _environment(verbose)
-        if wants(stage, "evaluate"):
-            init_tracking_store(params.tracking.uri)  # once, under a lock: runs started together do not race
-        flow_fn = load_flow(method)
-        start_local_prefect()
-        from coevo import progress
+        with library_output(state, verbose) as log:
+            _environment(verbose)
+            if wants(stage, "evaluate"):
+                init_tracking_store(params.tracking.uri)  # once, under a lock: runs started together do not race
+            flow_fn = load_flow(method)
+            start_local_prefect()
+            from coevo import progress
 
-        steps = state.steps = _RichSteps()
-        with progress.listening(steps), steps.progress:
-            summary = flow_fn(params_path=[str(p) for p in params_paths], overrides=list(overrides), stage=stage,
-                              **(extra or {}))
-    summary["seconds"] = time.perf_counter() - started
-    print_summary(summary)
+            steps = state.steps = _RichSteps(log)
+            with progress.listening(steps), steps.progress:
+                summary = flow_fn(params_path=[str(p) for p in params_paths], overrides=list(overrides),
+                                  stage=stage, **(extra or {}))
+            summary["seconds"] = time.perf_counter() - started
+            print_summary(summary)
     return summary
+
+
+@contextlib.contextmanager
+def library_output(state: RunState, verbose: bool) -> Iterator[Any]:
+    """Library output (trainer dictionaries, progress bars, warnings, the Prefect server's lines) to
+    ``logs/coevo-<command>-<time>.log``, named once on the screen; ``--verbose`` keeps it all on screen."""
+    if verbose_wanted(verbose):
+        yield None
+        return
+    from coevo.cli.terminal import LibraryOutputToLog, new_log_path
+
+    state.log_path = new_log_path(state.command)
+    err_console.print(f"[dim]library output: {state.log_path}[/]", highlight=False, soft_wrap=True)
+    with LibraryOutputToLog(state.log_path) as log:
+        yield log
+
+
+@contextlib.contextmanager
+def run_errors(state: RunState, verbose: bool) -> Iterator[None]:
+    """`user_errors`, then the log's path under a failure's one line (its traceback is there)."""
+    try:
+        with user_errors(verbose, state.interrupted):
+            yield
+    except typer.Exit as stop:
+        if 0 < stop.exit_code < EXIT_INTERRUPT and state.log_path is not None:
+            err_console.print(f"details: {state.log_path}", highlight=False, soft_wrap=True)
+        raise
 
 
 def start_local_prefect() -> Any:
@@ -311,12 +359,12 @@ def _method_command(method: str, doc: str) -> None:
         params: list[Path] = typer.Option([Path("params.yaml")], "--params", "-p", help=PARAMS_HELP),
         overrides: list[str] = typer.Option([], "--set", "-s", help=SET_HELP),
         stage: str = typer.Option("all", "--stage", help=STAGE_HELP),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs and tracebacks."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
         log_run: bool = typer.Option(False, "--log-run", help="Start the flow even when every step is up to date "
                                      "(a new Prefect flow run and MLflow run, all steps from cache)."),
     ) -> None:
         state = RunState(method)
-        with user_errors(verbose, state.interrupted):
+        with run_errors(state, verbose):
             run_method(method, params, overrides, stage, verbose, always=log_run, state=state)
 
     command.__doc__ = doc
@@ -334,12 +382,12 @@ def register_top_level(root: typer.Typer) -> None:
     @root.command("demo")
     def demo(
         overrides: list[str] = typer.Option([], "--set", "-s", help="Extra overrides on top of params/demo.yaml."),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show Prefect's task logs and tracebacks."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     ) -> None:
         """The whole CoGR pipeline on the embedded MetaTool sample, on CPU, with SmolLM2-135M
         (params.yaml overlaid with params/cpu.yaml and params/demo.yaml)."""
-        state = RunState("cogr")
-        with user_errors(verbose, state.interrupted):
+        state = RunState("cogr", command="demo")
+        with run_errors(state, verbose):
             console.print("[bold]coevo demo[/]: CoGR on data/sample/metatool with smollm2-135m (CPU), "
                           "params.yaml + params/cpu.yaml + params/demo.yaml", soft_wrap=True)
             run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose, state=state)

@@ -44,6 +44,7 @@ class TrainState:
 
 def _train(method: str, params: list[Path], overrides: list[str], data: Optional[Path], out: Optional[Path],
            quiet: bool, state: TrainState | None = None, **kwargs) -> None:
+    from coevo import distributed
     from coevo.checks import check_writable
     from coevo.config import load_params
     from coevo.layout import Layout
@@ -55,6 +56,8 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
     data_dir = data or layout.processed
     run_dir = out or layout.run_dir
     check_writable(run_dir, "--out" if out else "run folder")
+    distributed.start()  # under accelerate launch / torchrun: join the ranks before the first write
+    quiet = quiet or not distributed.is_writer()  # rank 0 speaks for the launch
     with _rank_zero_lock(run_dir):  # first: a run in progress may be writing the data set right now
         if not (data_dir / "dataset.json").is_file():
             raise FileNotFoundError(f"{data_dir}: no prepared data set (dataset.json is missing); prepare it first "
@@ -69,20 +72,21 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
                 console.print(f"[green]done[/] {phase.label} {shown}", highlight=False)
 
         rows = run.run(on_phase=done)
+    if not distributed.is_writer():
+        return
     console.print(results_table(run, rows))
     console.print(f"run folder: {run_dir}  (best phase on val: {run.best_phase()})", highlight=False)
 
 
 def _rank_zero_lock(run_dir: Path):
     """The run folder's lock, taken by rank 0 only under a multi-process launch (`accelerate launch`,
-    torchrun set RANK / LOCAL_RANK): the ranks of one job share the run folder, a second job does not."""
+    torchrun): the ranks of one job share the run folder, a second job does not."""
     import contextlib
-    import os
 
+    from coevo import distributed
     from coevo.lock import run_lock
 
-    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
-    return run_lock(run_dir) if rank.strip() in ("", "0") else contextlib.nullcontext()
+    return run_lock(run_dir) if distributed.is_writer() else contextlib.nullcontext()
 
 
 def _command(method: str, doc: str, vllm: bool = False) -> None:

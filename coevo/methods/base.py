@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from coevo import distributed
 from coevo.config import Params
 from coevo.steps import code_hash, fingerprint, is_done, read_stamp, remove_outputs, run_stamped, select, step_key
 
@@ -249,8 +250,10 @@ class Method(ABC):
                 continue
             writes = self._plan[name].writes if name in self._plan else stamp.get("writes", ())
             remove_outputs([self.run_dir / w for w in writes])
-            stamp_path.unlink(missing_ok=True)
+            if distributed.is_writer():
+                stamp_path.unlink(missing_ok=True)
             removed.append(name)
+        distributed.barrier()  # every rank reads the stamps rank 0 kept
         if removed:
             log.info("%s: params, data or code changed: recomputing %s", self.name, ", ".join(removed))
         return removed

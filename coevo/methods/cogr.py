@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from coevo import distributed
 from coevo.config import Params
 from coevo.methods.base import MONITOR_SPLIT, Method, Phase
 from coevo.io import atomic_path, read_json, write_json, write_parquet, write_text
@@ -623,7 +624,8 @@ class CoGR(Method):
             write_json(tmp / "dynamics.json", dynamics)
             write_text(tmp / "dynamics.csv", _dynamics_csv(spec, dynamics))
             write_json(tmp / "metrics.json", record)  # last inside the folder; the folder rename commits all
-        shutil.rmtree(self.run_dir / "scratch", ignore_errors=True)
+        if distributed.is_writer():  # the trainers' scratch is shared by the ranks of a launch
+            shutil.rmtree(self.run_dir / "scratch", ignore_errors=True)
         self._say(
             f"phase {spec.name}: val f1={record['eval']['f1']:.4f} recall@100={record['eval']['recall@100']:.4f} "
             f"ndcg@10={record['eval']['ndcg@10']:.4f} ({record['seconds']:.0f}s)"

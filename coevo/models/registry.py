@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from coevo import distributed
 from coevo.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -61,8 +62,15 @@ def smollm2_checkpoint(cache_dir: Path | None = None) -> Path:
     """Path of the cached safetensors copy of SmolLM2-135M-Instruct, converting it on first use."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     dest = cache_dir / "smollm2-135m-instruct"
-    if (dest / "config.json").exists():
-        return dest
+    # Under a multi-process launch rank 0 converts first and the others then find its copy; a
+    # "write if missing" decided by each rank alone would let their collective writes diverge.
+    with distributed.writer_first():
+        if not (dest / "config.json").exists():
+            _convert_smollm2(dest)
+    return dest
+
+
+def _convert_smollm2(dest: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -76,10 +84,9 @@ def smollm2_checkpoint(cache_dir: Path | None = None) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.config.name_or_path = SMOLLM2
-    with atomic_path(dest, is_dir=True) as tmp:
+    with atomic_path(dest, is_dir=True, collective=False) as tmp:  # a cache, not the run folder
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-    return dest
 
 
 def _resolve(name: str, cache_dir: Path | None) -> str:
