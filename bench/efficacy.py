@@ -59,7 +59,7 @@ METHODS: dict[str, dict[str, Any]] = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train one method for a wall-clock budget on real data and measure its gain over its start "
-                    "on held-out test queries (95%% paired-bootstrap CIs).",
+                    "on held-out test queries (95% paired-bootstrap CIs).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--method", required=True, choices=sorted(METHODS))
     parser.add_argument("--data", required=True, type=Path,
