@@ -21,11 +21,18 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from coevo import distributed
+
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
 
-_nesting = threading.local()  # how many atomic_path blocks this thread is inside
+_open_temps = threading.local()  # the temporary folders of this thread's open atomic_path blocks
+
+
+def _inside_open_temp(dest: Path) -> bool:
+    """Whether ``dest`` lies in a temporary folder this thread is filling (a write nobody else makes)."""
+    return any(dest.is_relative_to(folder) for folder in getattr(_open_temps, "folders", ()))
 
 
 @contextlib.contextmanager
@@ -33,17 +40,15 @@ def atomic_path(dest: str | os.PathLike, *, is_dir: bool = False, collective: bo
     """Yield a temporary path beside ``dest``; on success rename it onto ``dest``.
 
     On any exception the temporary file or folder is removed and ``dest`` is untouched.
-    Under a multi-process launch the outermost write is rank 0's: the other ranks drop their
-    copy, and all ranks meet at a barrier before going on (``coevo.distributed``). Writes
-    nested inside it land in that rank's own temporary folder, so they are plain writes.
-    ``collective=False`` is a write of this process alone (rank 0's run lock): no barrier.
+    Under a multi-process launch a write is rank 0's: the other ranks drop their copy, and
+    all ranks meet at a barrier before going on (``coevo.distributed``). A write into the
+    temporary folder of an open ``atomic_path(is_dir=True)`` block is that rank's own, a plain
+    write; so is ``collective=False``, a write of this process alone (rank 0's run lock).
     """
-    from coevo import distributed
-
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    outermost = getattr(_nesting, "depth", 0) == 0
-    commit = distributed.is_writer() or not outermost or not collective
+    private = not collective or _inside_open_temp(Path(os.path.abspath(dest)))
+    commit = private or distributed.is_writer()
     if is_dir:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
         os.chmod(tmp, 0o777 & ~_UMASK)
@@ -53,7 +58,9 @@ def atomic_path(dest: str | os.PathLike, *, is_dir: bool = False, collective: bo
         tmp = Path(name)
         # mkstemp creates 0600; artifacts get the usual umask-based mode instead.
         os.chmod(tmp, 0o666 & ~_UMASK)
-    _nesting.depth = getattr(_nesting, "depth", 0) + 1
+    open_folders = _open_temps.__dict__.setdefault("folders", [])
+    if is_dir:
+        open_folders.append(Path(os.path.abspath(tmp)))
     try:
         yield tmp
         if not commit:
@@ -74,8 +81,9 @@ def atomic_path(dest: str | os.PathLike, *, is_dir: bool = False, collective: bo
         _remove(tmp)
         raise
     finally:
-        _nesting.depth -= 1
-    if outermost and collective:
+        if is_dir:
+            open_folders.pop()
+    if not private:
         distributed.barrier()
 
 

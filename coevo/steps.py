@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from coevo import distributed
 from coevo.io import read_json, write_json
 
 ABSENT = "absent"
@@ -110,8 +111,6 @@ def is_done(stamp_path: Path, key: str, outputs: Iterable[Path] = ()) -> bool:
 
 def remove_outputs(outputs: Iterable[Path]) -> None:
     """Remove a step's outputs (rank 0's job under a multi-process launch: ``coevo.distributed``)."""
-    from coevo import distributed
-
     if not distributed.is_writer():
         return
     for path in outputs:

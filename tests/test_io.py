@@ -115,13 +115,16 @@ def test_only_rank_0_commits_a_write_and_every_rank_meets_at_the_barrier(tmp_pat
     with io.atomic_path(tmp_path / "ckpt", is_dir=True) as tmp:
         io.write_json(tmp / "inner.json", {})  # nested: lands in this rank's temp folder, no barrier of its own
     assert list(tmp_path.iterdir()) == [] and events == ["barrier", "barrier"]  # nothing left behind
+    with io.atomic_path(tmp_path / "ckpt", is_dir=True):
+        io.write_json(tmp_path / "beside.json", {})  # inside the block, outside its folder: a shared write
+    assert list(tmp_path.iterdir()) == [] and events == ["barrier"] * 4
 
     events = launched(0)
     io.write_json(tmp_path / "a.json", {"rank": 0})
     with io.atomic_path(tmp_path / "ckpt", is_dir=True) as tmp:
         io.write_json(tmp / "inner.json", {})
     assert io.read_json(tmp_path / "a.json") == {"rank": 0} and (tmp_path / "ckpt" / "inner.json").is_file()
-    assert events == ["barrier"] * 4
+    assert events == ["barrier"] * 6  # 4 on rank 1, 2 here
 
 
 def test_a_failed_write_waits_for_no_one_and_a_private_write_commits_on_any_rank(tmp_path, launched):
