@@ -455,6 +455,11 @@ class GrapeParams(Section):
     reward: Literal["rank", "similarity"] = Field(
         description="rank: 1 - 2 (rank - 1) / (N - 1) of the relevant item (the paper's); similarity: ablation."
     )
+    query_mode: Literal["replace", "expand"] = Field(
+        description="What the frozen retriever searches: replace = the rewrite alone (the paper's); expand = the "
+        "query followed by the rewrite (query2doc-style: the rewriter adds words, the user's are kept). Training "
+        "rewards, evaluation and `coevo search` all use it."
+    )
     reasoning: StrictBool = Field(description="Let the rewriter write a short reasoning section before the rewrite.")
     max_reasoning_tokens: StrictInt = Field(
         ge=1, description="Extra completion tokens for the reasoning section (reasoning = true)."

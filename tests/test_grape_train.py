@@ -159,6 +159,24 @@ def test_grape_similarity_ablation_with_reasoning(tmp_path):
     assert summary["reward_mean"] == -1.0 and summary["frac_reward_zero_std"] == 1.0
 
 
+def test_grape_expand_mode_searches_the_query_followed_by_the_rewrite(tmp_path):
+    data = _tool_dataset(tmp_path)
+    run = Grape(tmp_path / "run", _params(**{"grape.query_mode": "expand"}), data)
+    rows = run.run()
+    # the adapter moves if and only if some group's rewards differed (on these easy queries the
+    # query alone ranks its tool first, so most groups tie)
+    table = _check_run(run, rows, n_val=SPLITS.count("val"), moved=run.result("train")["frac_reward_zero_std"] < 1.0)
+    assert "Answer with the added words only" in rewrite_messages("q", query_mode="expand")[1]["content"]
+    for stage in ("untrained", "trained"):
+        for ex in json.loads((run.run_dir / "eval" / f"{stage}.json").read_text())["splits"]["val"]["examples"]:
+            assert ex["searched"] == (f"{ex['query']} {ex['rewrite']}" if ex["rewrite"] else ex["query"])
+    # the query is always searched: MiniLM finds these easy queries' tools whatever the random model appends
+    assert table["raw"]["recall@10"] == table["untrained"]["recall@10"] == 1.0
+    # the mode is part of the rewriter's key: switching back to replace re-runs from the untrained phase
+    replace = Grape(tmp_path / "run", _params(), data)
+    assert replace.is_done("raw") and not replace.is_done("untrained")
+
+
 def test_grape_tiny_rewriter_trains_against_tiny_clip(tmp_path):
     from coevo.data.loaders import load_source
 

@@ -105,3 +105,27 @@ def test_similarity_reward_is_the_cosine(retriever):
     assert isinstance(make_reward("rank", retriever, {"q": ["a"]}), RankReward)
     with pytest.raises(ValueError, match="unknown reward"):
         make_reward("bleu", retriever, {"q": ["a"]})
+
+
+def test_expand_mode_scores_the_query_followed_by_the_rewrite(retriever):
+    texts = {"qa": "bb", "qb": "bb"}
+    reward = make_reward("rank", retriever, {"qa": ["a"], "qb": ["b"]}, query_texts=texts)
+    # "bb aaa" ranks a first (3 a's beat 2 b's); "bb a" keeps the query's b first
+    assert reward(["qa", "qb"], ["aaa", "a"]) == [1.0, 1.0]
+    # replace mode searches "a" alone: b ties at 0 behind a, rank 2 -> 1 - 2 * 1 / 4
+    assert RankReward(retriever, {"qb": ["b"]})(["qb"], ["a"]) == [pytest.approx(0.5)]
+    # a malformed expansion is still a format error: minimum reward, as in replace mode
+    assert reward(["qb"], ["  "]) == [-1.0]
+    with pytest.raises(KeyError, match="no query text for query id 'qc'"):
+        make_reward("rank", retriever, {"qc": ["a"]}, query_texts=texts)
+
+
+def test_searched_text_per_mode():
+    from coevo.rewards.grape import searched_text
+
+    assert searched_text("cheap flights", "airline fares", "replace") == "airline fares"
+    assert searched_text("cheap flights", None, "replace") == ""
+    assert searched_text("cheap flights", "airline fares", "expand") == "cheap flights airline fares"
+    assert searched_text("cheap flights", None, "expand") == "cheap flights"
+    with pytest.raises(ValueError, match="grape.query_mode"):
+        searched_text("q", "r", "append")

@@ -124,6 +124,19 @@ def test_search_returns_ranked_items_with_what_the_generator_wrote(retrievers, m
     assert retriever.name == f"coevo-{method}-{DATASET}"
 
 
+def test_a_grape_model_trained_in_expand_mode_searches_the_query_followed_by_its_rewrite(retrievers, monkeypatch):
+    retriever = retrievers["grape"]
+    replace = retriever.generate(QUERIES)  # the run was trained in replace mode: the rewrite alone
+    monkeypatch.setitem(retriever.settings, "query_mode", "expand")
+    records = retriever.search(QUERIES, k=3)
+    for query, rewrite, record in zip(QUERIES, replace, records):
+        # the expand prompt asks for words to add, so the rewrite differs; the query always leads
+        assert record["rewrite"] == query or record["rewrite"].startswith(query + " ")
+        ranked = retriever.rank([record["rewrite"]], 3)[0]
+        assert [h["item_id"] for h in record["results"]] == [i for i, _ in ranked]
+    assert any(r is None or r != rec["rewrite"] for r, rec in zip(replace, records))
+
+
 def test_cogr_ranks_the_items_sharing_a_keyword_by_bm25_ties_by_id(retrievers, texts):
     from coevo.retrieval.bm25 import KeywordBM25
 

@@ -6,6 +6,10 @@ default) learns. The reward is the exact rank of the relevant item among all N c
 items (:class:`~coevo.rewards.grape.RankReward`); ``grape.reward: similarity`` is the
 ablation that rewards the raw cosine similarity instead.
 
+``grape.query_mode`` says what the retriever searches: the rewrite alone (``replace``, the
+paper's) or the query followed by the rewrite (``expand``, query2doc-style). The raw-query
+row is the query as typed in both modes.
+
 Score-inflation monitor: every evaluation records both ``mean_relevant_similarity`` (mean
 cosine of the query with its relevant items) and ``recall@1``. A rewriter that learns to
 raise every similarity at once shows the first curve rising while the second does not.
@@ -57,6 +61,13 @@ SYSTEM_PROMPT = (
     "use the words that the right {item} would be described with."
 )
 PLAIN_INSTRUCTION = "Answer with the rewritten query only, on one line."
+# expand mode: the retriever searches the query followed by these words, so ask for words to add
+# (SmolLM2-135M asked for a rewrite copies the query, which adds nothing to search).
+EXPAND_SYSTEM_PROMPT = (
+    "You expand search queries for a search engine over {corpus}. Add the words that the right {item} "
+    "would be described with: what it does and its domain."
+)
+EXPAND_INSTRUCTION = "Answer with the added words only, on one line."
 REASONING_INSTRUCTION = (
     "First think briefly after 'Reasoning:' (at most {max_words} words), then write the rewritten "
     "query on one line after 'Rewrite:'."
@@ -65,13 +76,16 @@ CORPUS_WORDS = {"text": ("tool descriptions", "tool"), "clip": ("photographs", "
 
 
 def rewrite_messages(query: str, retriever_kind: str = "text", reasoning: bool = False,
-                     max_reasoning_tokens: int = 32) -> list[dict[str, str]]:
-    """Chat prompt asking for a rewrite (optionally after a capped reasoning section)."""
+                     max_reasoning_tokens: int = 32, query_mode: str = "replace") -> list[dict[str, str]]:
+    """Chat prompt asking for a rewrite, or in expand mode for words to add to the query
+    (optionally after a capped reasoning section)."""
     corpus, item = CORPUS_WORDS.get(retriever_kind, CORPUS_WORDS["text"])
+    expand = query_mode == "expand"
     instruction = (REASONING_INSTRUCTION.format(max_words=max_reasoning_tokens) if reasoning
-                   else PLAIN_INSTRUCTION)
+                   else EXPAND_INSTRUCTION if expand else PLAIN_INSTRUCTION)
+    system = EXPAND_SYSTEM_PROMPT if expand else SYSTEM_PROMPT
     return [
-        {"role": "system", "content": SYSTEM_PROMPT.format(corpus=corpus, item=item)},
+        {"role": "system", "content": system.format(corpus=corpus, item=item)},
         {"role": "user", "content": f"Query: {query.strip()}\n{instruction}"},
     ]
 
@@ -88,7 +102,7 @@ def make_retriever(params: GrapeParams, device: str | None = None, seed: int = 0
 
 
 RETRIEVER_KNOBS = ("retriever", "text_encoder", "clip_model", "clip_pretrained")
-REWRITER_KNOBS = ("generator", "lora", "sampling", "reasoning", "max_reasoning_tokens")
+REWRITER_KNOBS = ("generator", "lora", "sampling", "reasoning", "max_reasoning_tokens", "query_mode")
 
 
 class Grape(Method):
@@ -206,7 +220,8 @@ class Grape(Method):
         items = self.dataset.items
         texts = [self.dataset.item_text(i) for i in items["item_id"]]
         return texts + [q["text"] for q in self.queries("train")] + [
-            m["content"] for m in rewrite_messages("x", self.cfg.retriever, self.cfg.reasoning)]
+            m["content"] for m in rewrite_messages("x", self.cfg.retriever, self.cfg.reasoning,
+                                                   query_mode=self.cfg.query_mode)]
 
     def base_generator(self):
         """The untrained rewriter, saved once so the untrained stage and training share it."""
@@ -233,7 +248,8 @@ class Grape(Method):
         return base + (self.cfg.max_reasoning_tokens + 8 if self.cfg.reasoning else 0)
 
     def _prompt(self, query: str) -> list[dict[str, str]]:
-        return rewrite_messages(query, self.cfg.retriever, self.cfg.reasoning, self.cfg.max_reasoning_tokens)
+        return rewrite_messages(query, self.cfg.retriever, self.cfg.reasoning, self.cfg.max_reasoning_tokens,
+                                self.cfg.query_mode)
 
     def rewrite(self, generator: Any, texts: Sequence[str]) -> tuple[list[str], list[str | None]]:
         """Greedy rewrites: (raw completions, parsed rewrites or None when malformed)."""
@@ -248,14 +264,22 @@ class Grape(Method):
         return completions, [parser(c) for c in completions]
 
     # ------------------------------------------------------------ evaluation
+    def searched(self, texts: Sequence[str], rewrites: Sequence[str | None]) -> list[str]:
+        """What the frozen retriever embeds for each query (``grape.query_mode``)."""
+        from coevo.rewards.grape import searched_text
+
+        return [searched_text(t, r, self.cfg.query_mode) for t, r in zip(texts, rewrites)]
+
     def score_queries(self, queries: Sequence[Mapping[str, Any]], rewrites: Sequence[str | None], *,
-                      cutoffs: Sequence[int] = EVAL_KS, per_query: bool = False) -> dict[str, Any]:
+                      searched: Sequence[str] | None = None, cutoffs: Sequence[int] = EVAL_KS,
+                      per_query: bool = False) -> dict[str, Any]:
         """Retrieval metrics (at ``cutoffs``) and the inflation monitor for one split's
         (rewritten) queries; with ``per_query``, also the ranked metrics' per-query values
         (``per_query``: {metric: {query_id: value}}).
 
-        A malformed rewrite is searched as the empty string (retrieval with nothing), and
-        counted in ``malformed_fraction``.
+        ``searched`` is the text embedded per query (default: the rewrite itself); a malformed
+        rewrite is searched as the empty string (retrieval with nothing) in replace mode and as
+        the query in expand mode, and counted in ``malformed_fraction``.
         """
         from coevo.retrieval.metrics import ranked_evaluation
         from coevo.rewards.grape import rank_reward
@@ -263,7 +287,7 @@ class Grape(Method):
         retriever = self.retriever
         index = retriever.index
         assert index is not None
-        embs = retriever.embed_queries([r if r else "" for r in rewrites])
+        embs = retriever.embed_queries(list(searched) if searched is not None else [r or "" for r in rewrites])
         rankings = index.rank_corpus(embs, k=max(cutoffs))
         qrels = {q["query_id"]: q["relevant"] for q in queries}
         evaluation = ranked_evaluation({q["query_id"]: r for q, r in zip(queries, rankings)}, qrels, cutoffs)
@@ -316,12 +340,13 @@ class Grape(Method):
             queries = self.queries(split)
             texts = [q["text"] for q in queries]
             if stage == RAW:
-                completions, rewrites = texts, list(texts)
+                completions, rewrites, searched = texts, list(texts), list(texts)
             else:
                 completions, rewrites = self.rewrite(generator, texts)
-            metrics = self.score_queries(queries, rewrites, cutoffs=cutoffs, per_query=per_query)
-            metrics["examples"] = [{"query": t, "completion": c, "rewrite": r}
-                                   for t, c, r in list(zip(texts, completions, rewrites))[:N_EXAMPLES]]
+                searched = self.searched(texts, rewrites)
+            metrics = self.score_queries(queries, rewrites, searched=searched, cutoffs=cutoffs, per_query=per_query)
+            metrics["examples"] = [{"query": t, "completion": c, "rewrite": r, "searched": x}
+                                   for t, c, r, x in list(zip(texts, completions, rewrites, searched))[:N_EXAMPLES]]
             result["splits"][split] = metrics
             if not queries:
                 raise ValueError(f"{self.dataset_dir}: no {split} query has a relevant item; nothing to evaluate")
@@ -381,8 +406,10 @@ class Grape(Method):
         """The GRPO reward over training qrels: ``reward_fn(completions, query_id)``."""
         from coevo.rewards.grape import make_reward
 
-        qrels = {q["query_id"]: list(q["relevant"]) for q in self.queries("train")}
-        reward = make_reward(self.cfg.reward, self.retriever, qrels, self.parser(tokenizer))
+        queries = self.queries("train")
+        qrels = {q["query_id"]: list(q["relevant"]) for q in queries}
+        texts = {q["query_id"]: q["text"] for q in queries} if self.cfg.query_mode == "expand" else None
+        reward = make_reward(self.cfg.reward, self.retriever, qrels, self.parser(tokenizer), texts)
 
         def grape_reward(completions: list[str], query_id: list[str]) -> list[float]:
             return reward(query_id, completions)

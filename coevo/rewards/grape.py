@@ -12,6 +12,10 @@ would ignore the others; the min would give no signal until the worst one moves)
 
 Malformed rewrites (empty, or missing the rewrite after a reasoning section, or a
 reasoning section over its token cap) get the minimum reward, -1.
+
+What the retriever embeds depends on the query mode (:func:`searched_text`): ``replace``
+searches the rewrite alone (the paper's); ``expand`` searches the query followed by the
+rewrite (query2doc-style), so the rewriter can add words but never lose the user's.
 """
 
 from __future__ import annotations
@@ -32,6 +36,18 @@ REWRITE_MARKER = "Rewrite:"
 REASONING_MARKER = "Reasoning:"
 _LABEL = re.compile(r"^\s*(?:rewritten query|rewrite|query|search query)\s*[:\-]\s*", re.IGNORECASE)
 _MARKER = re.compile(r"rewrite\s*:", re.IGNORECASE)
+QUERY_MODES = ("replace", "expand")
+
+
+def searched_text(query: str, rewrite: str | None, mode: str) -> str:
+    """The text the frozen retriever embeds for one query: the rewrite alone (``replace``; a
+    malformed rewrite searches the empty string), or the query followed by the rewrite
+    (``expand``; a malformed rewrite leaves the query as typed)."""
+    if mode == "replace":
+        return rewrite or ""
+    if mode == "expand":
+        return f"{query} {rewrite}" if rewrite else query
+    raise ValueError(f"grape.query_mode: unknown mode {mode!r} (expected one of {', '.join(QUERY_MODES)})")
 
 
 def rank_reward(rank: Any, n: int) -> Any:
@@ -90,6 +106,8 @@ class _RetrievalReward:
     retriever: FrozenRetriever
     qrels: Mapping[str, Sequence[str]]
     parser: RewriteParser = field(default_factory=RewriteParser)
+    # expand mode: each query's text, searched in front of its rewrite (None: replace mode)
+    query_texts: Mapping[str, str] | None = None
     last_stats: dict[str, float] = field(default_factory=dict, init=False)
 
     __name__ = "grape_reward"  # TRL names reward columns after the callable
@@ -101,6 +119,10 @@ class _RetrievalReward:
             if not item_ids:
                 raise ValueError(f"qrels: query {query_id!r} has no relevant item")
             self._rows[str(query_id)] = index.rows([str(i) for i in item_ids])
+        if self.query_texts is not None:
+            missing = sorted(set(map(str, self.qrels)) - set(map(str, self.query_texts)))
+            if missing:
+                raise KeyError(f"expand mode: no query text for query id {missing[0]!r}")
 
     def _index(self) -> DenseIndex:
         if self.retriever.index is None:
@@ -121,7 +143,11 @@ class _RetrievalReward:
             if str(query_ids[i]) not in self._rows:
                 raise KeyError(f"query id {query_ids[i]!r} has no qrels")
         if valid:
-            embs = self.retriever.embed_queries([rewrites[i] for i in valid])
+            if self.query_texts is None:
+                texts = [rewrites[i] for i in valid]
+            else:
+                texts = [searched_text(self.query_texts[str(query_ids[i])], rewrites[i], "expand") for i in valid]
+            embs = self.retriever.embed_queries(texts)
             # One (query, relevant item) pair per row; several relevant items repeat the query.
             owners = np.concatenate([np.full(len(self._rows[str(query_ids[i])]), j) for j, i in enumerate(valid)])
             rows = np.concatenate([self._rows[str(query_ids[i])] for i in valid])
@@ -155,9 +181,10 @@ class SimilarityReward(_RetrievalReward):
 
 
 def make_reward(kind: str, retriever: FrozenRetriever, qrels: Mapping[str, Sequence[str]],
-                parser: RewriteParser | None = None) -> _RetrievalReward:
-    """``rank`` (GRAPE) or ``similarity`` (ablation)."""
+                parser: RewriteParser | None = None, query_texts: Mapping[str, str] | None = None) -> _RetrievalReward:
+    """``rank`` (GRAPE) or ``similarity`` (ablation); with ``query_texts``, rewrites are scored in
+    expand mode (each searched after its query's text)."""
     classes = {"rank": RankReward, "similarity": SimilarityReward}
     if kind not in classes:
         raise ValueError(f"grape.reward: unknown reward {kind!r} (expected rank or similarity)")
-    return classes[kind](retriever, qrels, parser or RewriteParser())
+    return classes[kind](retriever, qrels, parser or RewriteParser(), query_texts)

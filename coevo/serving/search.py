@@ -8,7 +8,9 @@ chosen on val, the index it searches, the items table and the few settings query
   by BM25 over the items' keywords (ties by item id), exactly as the evaluation ranks them.
 - **GRAPE**: the trained rewriter rewrites the query (greedy); the frozen retriever (a text
   encoder or CLIP, a reference: the weights are not copied) embeds the rewrite and searches the
-  corpus index. A malformed rewrite is searched as the empty string, as in the evaluation.
+  corpus index. A malformed rewrite is searched as the empty string, as in the evaluation. A
+  run trained with ``grape.query_mode: expand`` searches the query followed by the rewrite; the
+  record's ``rewrite`` is then that searched text (the query alone when the rewrite was malformed).
 - **CoHyDE**: the rewriter writes a tool description (greedy); the co-trained encoder of the
   chosen stage embeds it and searches that encoder's faiss index.
 
@@ -400,8 +402,10 @@ class GrapeRetriever(_DenseRetriever):
         from coevo.rewards.grape import RewriteParser
 
         s = self.settings
+        mode = s.get("query_mode", "replace")  # models registered before the knob existed replace
         outputs = self.generator.generate(
-            [rewrite_messages(q, s["retriever"]["kind"], s["reasoning"], s["max_reasoning_tokens"]) for q in queries],
+            [rewrite_messages(q, s["retriever"]["kind"], s["reasoning"], s["max_reasoning_tokens"], mode)
+             for q in queries],
             batch_size=CPU_BATCH, temperature=0.0, max_new_tokens=s["max_new_tokens"], progress=False,
             description="rewriting")
         tokenizer = self.generator.tokenizer
@@ -410,7 +414,12 @@ class GrapeRetriever(_DenseRetriever):
             return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
         parser = RewriteParser(s["reasoning"], s["max_reasoning_tokens"], count)
-        return [parser(out[0]) for out in outputs]
+        rewrites = [parser(out[0]) for out in outputs]
+        if mode == "replace":
+            return rewrites
+        from coevo.rewards.grape import searched_text
+
+        return [searched_text(q, r, mode) for q, r in zip(queries, rewrites)]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.frozen.embed_queries(list(texts))
@@ -438,7 +447,7 @@ class GrapeRetriever(_DenseRetriever):
             "retriever": {"kind": cfg.retriever, "text_encoder": cfg.text_encoder, "clip_model": cfg.clip_model,
                           "clip_pretrained": cfg.clip_pretrained},
             "reasoning": cfg.reasoning, "max_reasoning_tokens": cfg.max_reasoning_tokens,
-            "max_new_tokens": run.completion_budget(cfg.sampling.max_new_tokens),
+            "query_mode": cfg.query_mode, "max_new_tokens": run.completion_budget(cfg.sampling.max_new_tokens),
         }
         manifest = _manifest("grape", run, phase, cfg.generator, settings)
         return cls(manifest, _items_table(run.dataset), generator, frozen.index, frozen=frozen,
