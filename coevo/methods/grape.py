@@ -270,14 +270,14 @@ class Grape(Method):
 
         return [searched_text(t, r, self.cfg.query_mode) for t, r in zip(texts, rewrites)]
 
-    def score_queries(self, queries: Sequence[Mapping[str, Any]], rewrites: Sequence[str | None], *,
-                      searched: Sequence[str] | None = None, cutoffs: Sequence[int] = EVAL_KS,
+    def score_queries(self, queries: Sequence[Mapping[str, Any]], rewrites: Sequence[str | None],
+                      searched: Sequence[str], *, cutoffs: Sequence[int] = EVAL_KS,
                       per_query: bool = False) -> dict[str, Any]:
         """Retrieval metrics (at ``cutoffs``) and the inflation monitor for one split's
         (rewritten) queries; with ``per_query``, also the ranked metrics' per-query values
         (``per_query``: {metric: {query_id: value}}).
 
-        ``searched`` is the text embedded per query (default: the rewrite itself); a malformed
+        ``searched`` is the text embedded per query (:meth:`searched`); a malformed
         rewrite is searched as the empty string (retrieval with nothing) in replace mode and as
         the query in expand mode, and counted in ``malformed_fraction``.
         """
@@ -287,7 +287,7 @@ class Grape(Method):
         retriever = self.retriever
         index = retriever.index
         assert index is not None
-        embs = retriever.embed_queries(list(searched) if searched is not None else [r or "" for r in rewrites])
+        embs = retriever.embed_queries(list(searched))
         rankings = index.rank_corpus(embs, k=max(cutoffs))
         qrels = {q["query_id"]: q["relevant"] for q in queries}
         evaluation = ranked_evaluation({q["query_id"]: r for q, r in zip(queries, rankings)}, qrels, cutoffs)
@@ -344,7 +344,7 @@ class Grape(Method):
             else:
                 completions, rewrites = self.rewrite(generator, texts)
                 searched = self.searched(texts, rewrites)
-            metrics = self.score_queries(queries, rewrites, searched=searched, cutoffs=cutoffs, per_query=per_query)
+            metrics = self.score_queries(queries, rewrites, searched, cutoffs=cutoffs, per_query=per_query)
             metrics["examples"] = [{"query": t, "completion": c, "rewrite": r, "searched": x}
                                    for t, c, r, x in list(zip(texts, completions, rewrites, searched))[:N_EXAMPLES]]
             result["splits"][split] = metrics

@@ -399,7 +399,7 @@ class GrapeRetriever(_DenseRetriever):
     def generate(self, queries: Sequence[str]) -> list[str | None]:
         # Grape.rewrite (local backend): greedy completion, parsed; None when malformed.
         from coevo.methods.grape import rewrite_messages
-        from coevo.rewards.grape import RewriteParser
+        from coevo.rewards.grape import RewriteParser, searched_text
 
         s = self.settings
         mode = s.get("query_mode", "replace")  # models registered before the knob existed replace
@@ -416,9 +416,7 @@ class GrapeRetriever(_DenseRetriever):
         parser = RewriteParser(s["reasoning"], s["max_reasoning_tokens"], count)
         rewrites = [parser(out[0]) for out in outputs]
         if mode == "replace":
-            return rewrites
-        from coevo.rewards.grape import searched_text
-
+            return rewrites  # None for a malformed rewrite, as the record shows it
         return [searched_text(q, r, mode) for q, r in zip(queries, rewrites)]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
