@@ -452,8 +452,10 @@ class GrapeParams(Section):
         f"{TINY_CLIP_MODEL} (the tiny test model, random weights by design) and hf-hub: / local-dir: models "
         "(their weights come with them).",
     )
-    reward: Literal["rank", "similarity"] = Field(
-        description="rank: 1 - 2 (rank - 1) / (N - 1) of the relevant item (the paper's); similarity: ablation."
+    reward: Literal["rank", "reciprocal_rank", "similarity"] = Field(
+        description="rank: 1 - 2 (rank - 1) / (N - 1) of the relevant item (the paper's); reciprocal_rank: 1 / rank "
+        "(ablation: separates top-1 from top-10, which the linear reward barely does on a small corpus); "
+        "similarity: the raw cosine similarity (ablation, inflatable)."
     )
     query_mode: Literal["replace", "expand"] = Field(
         description="What the frozen retriever searches: replace = the rewrite alone (the paper's); expand = the "

@@ -1,4 +1,4 @@
-"""GRAPE rewards: rank formula, several relevant items, malformed rewrites, similarity ablation."""
+"""GRAPE rewards: rank formula, several relevant items, malformed rewrites, similarity and reciprocal-rank ablations."""
 
 from __future__ import annotations
 
@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from coevo.retrieval.dense import FrozenRetriever
-from coevo.rewards.grape import RankReward, RewriteParser, SimilarityReward, make_reward, rank_reward
+from coevo.rewards.grape import (
+    RankReward,
+    ReciprocalRankReward,
+    RewriteParser,
+    SimilarityReward,
+    make_reward,
+    rank_reward,
+    reciprocal_rank_reward,
+)
 
 
 class BagOfLettersRetriever(FrozenRetriever):
@@ -60,6 +68,23 @@ def test_rank_reward_uses_exact_corpus_rank(retriever):
     assert values[2] == pytest.approx(0.5)
 
 
+def test_reciprocal_rank_reward_separates_the_top_places(retriever):
+    assert reciprocal_rank_reward(1, 5) == 1.0
+    np.testing.assert_allclose(reciprocal_rank_reward(np.array([1, 2, 4]), 5), [1.0, 0.5, 0.25])
+    with pytest.raises(ValueError, match="1..5"):
+        reciprocal_rank_reward(6, 5)
+    reward = make_reward("reciprocal_rank", retriever, {"q": ["a", "c"]})
+    assert isinstance(reward, ReciprocalRankReward)
+    # "aaab": a first (1), c ties with d, e behind a and b at rank 3 (1/3): the mean of the two
+    assert reward(["q"], ["aaab"]) == [pytest.approx((1 + 1 / 3) / 2)]
+    # "aaa": a first; "b": a ties behind b at rank 2; a blank rewrite is malformed
+    assert make_reward("reciprocal_rank", retriever, {"q": ["a"]})(["q", "q", "q"], ["aaa", "b", " "]) == [
+        1.0, pytest.approx(0.5), -1.0]
+    # the linear reward gives the second place 0.5 on this 5-item corpus, 1 / rank the same;
+    # on 199 items the tenth place earns 0.91 against 0.1
+    assert rank_reward(10, 199) == pytest.approx(0.909, abs=1e-3) and reciprocal_rank_reward(10, 199) == 0.1
+
+
 def test_several_relevant_items_average(retriever):
     reward = RankReward(retriever, {"q": ["a", "c"]})
     # "aaab": a rank 1 (1.0); c ties with d, e at 0 behind a and b -> rank 3 -> 0.0; mean 0.5
@@ -103,7 +128,7 @@ def test_similarity_reward_is_the_cosine(retriever):
     assert values[0] == pytest.approx(1.0)
     assert values[1] == pytest.approx(1 / np.sqrt(2), abs=1e-6)
     assert isinstance(make_reward("rank", retriever, {"q": ["a"]}), RankReward)
-    with pytest.raises(ValueError, match="unknown reward"):
+    with pytest.raises(ValueError, match="unknown reward 'bleu' .expected one of rank, reciprocal_rank, similarity"):
         make_reward("bleu", retriever, {"q": ["a"]})
 
 

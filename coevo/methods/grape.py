@@ -4,7 +4,8 @@ The retriever (a sentence-transformers text encoder, or an open_clip model over 
 never changes; only the rewriter (a :class:`~coevo.models.generator.Generator`, LoRA by
 default) learns. The reward is the exact rank of the relevant item among all N corpus
 items (:class:`~coevo.rewards.grape.RankReward`); ``grape.reward: similarity`` is the
-ablation that rewards the raw cosine similarity instead.
+ablation that rewards the raw cosine similarity instead, ``reciprocal_rank`` the one that
+rewards 1 / rank.
 
 ``grape.query_mode`` says what the retriever searches: the rewrite alone (``replace``, the
 paper's) or the query followed by the rewrite (``expand``, query2doc-style). The raw-query

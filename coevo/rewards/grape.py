@@ -5,6 +5,11 @@ rank_reward(rank, N) = 1 - 2 (rank - 1) / (N - 1): 1 when the relevant item is f
 ``coevo.retrieval.dense``), so the reward cannot be gamed by raising every score at once,
 which the similarity reward (the ablation, ``SimilarityReward``) allows.
 
+``reciprocal_rank`` (an ablation, not the paper's) rewards 1 / rank instead: the linear rank
+reward saturates on a small corpus (rank 10 of 199 still earns 0.91, against 1 for the top),
+so it barely separates top-1 from top-10; 1 / rank halves the reward from the first to the
+second place, which is what Recall@1 and NDCG see.
+
 Several relevant items: the reward is the MEAN of the per-item rank rewards. A rewrite
 that brings one of two relevant items to the top and leaves the other in the middle
 earns 0.5, so the rewriter is pushed towards queries that retrieve all of them (the max
@@ -61,6 +66,17 @@ def rank_reward(rank: Any, n: int) -> Any:
     if np.any(rank_arr < 1) or np.any(rank_arr > n):
         raise ValueError(f"rank_reward: ranks must lie in 1..{n}")
     out = np.ones_like(rank_arr) if n == 1 else 1.0 - 2.0 * (rank_arr - 1.0) / (n - 1.0)
+    return float(out) if out.ndim == 0 else out
+
+
+def reciprocal_rank_reward(rank: Any, n: int) -> Any:
+    """1 / ``rank`` for 1-based ``rank`` among ``n`` items (array or scalar): 1 at the top, 1 / n last."""
+    if n < 1:
+        raise ValueError(f"reciprocal_rank_reward: corpus size must be >= 1, got {n}")
+    rank_arr = np.asarray(rank, dtype=np.float64)
+    if np.any(rank_arr < 1) or np.any(rank_arr > n):
+        raise ValueError(f"reciprocal_rank_reward: ranks must lie in 1..{n}")
+    out = 1.0 / rank_arr
     return float(out) if out.ndim == 0 else out
 
 
@@ -171,6 +187,16 @@ class RankReward(_RetrievalReward):
 
 
 @dataclass
+class ReciprocalRankReward(_RetrievalReward):
+    """Ablation: mean over relevant items of 1 / (exact corpus rank)."""
+
+    __name__ = "reciprocal_rank_reward"
+
+    def _pair_values(self, index: DenseIndex, query_embs: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return reciprocal_rank_reward(index.exact_ranks(query_embs, rows), len(index))
+
+
+@dataclass
 class SimilarityReward(_RetrievalReward):
     """Ablation: mean cosine similarity of the relevant items (inflatable, see module doc)."""
 
@@ -182,9 +208,9 @@ class SimilarityReward(_RetrievalReward):
 
 def make_reward(kind: str, retriever: FrozenRetriever, qrels: Mapping[str, Sequence[str]],
                 parser: RewriteParser | None = None, query_texts: Mapping[str, str] | None = None) -> _RetrievalReward:
-    """``rank`` (GRAPE) or ``similarity`` (ablation); with ``query_texts``, rewrites are scored in
-    expand mode (each searched after its query's text)."""
-    classes = {"rank": RankReward, "similarity": SimilarityReward}
+    """``rank`` (GRAPE), ``reciprocal_rank`` or ``similarity`` (ablations); with ``query_texts``,
+    rewrites are scored in expand mode (each searched after its query's text)."""
+    classes = {"rank": RankReward, "reciprocal_rank": ReciprocalRankReward, "similarity": SimilarityReward}
     if kind not in classes:
-        raise ValueError(f"grape.reward: unknown reward {kind!r} (expected rank or similarity)")
+        raise ValueError(f"grape.reward: unknown reward {kind!r} (expected one of {', '.join(classes)})")
     return classes[kind](retriever, qrels, parser or RewriteParser(), query_texts)
