@@ -55,28 +55,29 @@ def searched_text(query: str, rewrite: str | None, mode: str) -> str:
     raise ValueError(f"grape.query_mode: unknown mode {mode!r} (expected one of {', '.join(QUERY_MODES)})")
 
 
+def _checked_ranks(reward: str, rank: Any, n: int) -> np.ndarray:
+    """``rank`` as a float array, after checking it is a 1-based rank among ``n`` >= 1 items."""
+    if n < 1:
+        raise ValueError(f"{reward}: corpus size must be >= 1, got {n}")
+    rank_arr = np.asarray(rank, dtype=np.float64)
+    if np.any(rank_arr < 1) or np.any(rank_arr > n):
+        raise ValueError(f"{reward}: ranks must lie in 1..{n}")
+    return rank_arr
+
+
 def rank_reward(rank: Any, n: int) -> Any:
     """1 - 2 (rank - 1) / (n - 1) for 1-based ``rank`` among ``n`` items (array or scalar).
 
     A one-item corpus always ranks its item first: reward 1.
     """
-    if n < 1:
-        raise ValueError(f"rank_reward: corpus size must be >= 1, got {n}")
-    rank_arr = np.asarray(rank, dtype=np.float64)
-    if np.any(rank_arr < 1) or np.any(rank_arr > n):
-        raise ValueError(f"rank_reward: ranks must lie in 1..{n}")
+    rank_arr = _checked_ranks("rank_reward", rank, n)
     out = np.ones_like(rank_arr) if n == 1 else 1.0 - 2.0 * (rank_arr - 1.0) / (n - 1.0)
     return float(out) if out.ndim == 0 else out
 
 
 def reciprocal_rank_reward(rank: Any, n: int) -> Any:
     """1 / ``rank`` for 1-based ``rank`` among ``n`` items (array or scalar): 1 at the top, 1 / n last."""
-    if n < 1:
-        raise ValueError(f"reciprocal_rank_reward: corpus size must be >= 1, got {n}")
-    rank_arr = np.asarray(rank, dtype=np.float64)
-    if np.any(rank_arr < 1) or np.any(rank_arr > n):
-        raise ValueError(f"reciprocal_rank_reward: ranks must lie in 1..{n}")
-    out = 1.0 / rank_arr
+    out = 1.0 / _checked_ranks("reciprocal_rank_reward", rank, n)
     return float(out) if out.ndim == 0 else out
 
 
