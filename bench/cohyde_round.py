@@ -8,7 +8,9 @@ so machine load cancels in the ratio.
     .venv/bin/python bench/cohyde_round.py --dataset data/processed/stabletoolbench_sample \
         --generators tiny smollm2-135m --queries 8
 
-S1a and S1b run first (not timed) because a round starts from their checkpoints.
+S1a and S1b run first (not timed) because a round starts from their checkpoints. The last
+line is ``faiss_vs_numpy=<x>``: numpy search time over faiss search time at the last
+``--search-items`` size.
 """
 
 from __future__ import annotations
@@ -207,6 +209,7 @@ def main() -> None:
         r = bench_search(n_items, args.search_queries, 384, 5, args.repeats)
         print(f"{r['n_items']:>7} {r['n_queries']:>7} {r['dim']:>4} {r['k']:>2} {r['faiss_qps']:>10.0f} "
               f"{r['numpy_qps']:>10.0f} {r['ratio']:>10.2f}x {r['top1_agreement']:>10.3f}", flush=True)
+    print(f"\nfaiss_vs_numpy={r['ratio']:.2f}")
 
 
 if __name__ == "__main__":

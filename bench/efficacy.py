@@ -11,9 +11,19 @@ the method's phases, baselines, final evaluation, reports) in a project folder o
 4. evaluate: BM25 and dense baselines (k for F1@k chosen on val), the method's start and the
    phase chosen on val, read once on test; every difference with its paired-bootstrap 95% CI.
 
-Printed: one line per phase, the final table, where the learning curves are (MLflow run and a
-PNG), and last ``<method>_gain_ci_low=<x>``: the lower bound of the 95% CI of (final - start)
-on the headline metric (CoGR test F1, GRAPE test R@10, CoHyDE test NDCG@5) over the test queries.
+The comparison each paper makes (``--vague``, default per method, coevo.data.vague):
+
+- CoHyDE and CoGR: ``test_copy``, the final table on test and again on the ``vague`` split
+  (every test query with its relevant tools' own words taken out);
+- GRAPE: ``all_queries``, the shift setting: every query (train, val, test) is vague, so the
+  frozen retriever's raw query is weak, and the rewriter trains and is measured on that shift.
+
+Printed: one line per phase, the final table(s), where the learning curves are (MLflow run and a
+PNG), ``<method>_gain_ci_low=<x>`` (the lower bound of the 95% CI of final - start on the headline
+metric), and last ``<method>_vs_baseline_ci_low=<x>``: the same for final - the baseline the
+paper claims to beat, on the comparison the paper makes: CoGR test F1 - the best BM25/dense
+F1@k (k chosen on val); GRAPE test R@10 - the raw query under the same frozen encoder, in the shift
+setting; CoHyDE NDCG@5 on the vague set - S1a (the encoder fine-tuned alone, on the raw query).
 Library output (TRL's per-step dictionaries, warnings, progress bars) goes to ``<out>/efficacy.log``.
 
 Usage::
@@ -48,12 +58,17 @@ sys.path.insert(0, str(ROOT))  # tasks/ (the MLflow tracker) when run as a scrip
 from coevo.cli.terminal import LibraryOutputToLog  # noqa: E402 - after the environment above
 
 # Per method: the loader of --data, the headline metric of the gain line, the default query subset,
-# and the split fractions (test sized for the CI; val for early stopping and k*).
+# the split fractions (test sized for the CI; val for early stopping and k*), the vague-query
+# setting of the paper's comparison, and the split its vs-baseline line is read on.
 METHODS: dict[str, dict[str, Any]] = {
-    "cogr": {"loader": "metatool", "headline": "f1", "queries": 3000, "val": 0.1, "test": 0.3},
-    "grape": {"loader": "metatool", "headline": "recall@10", "queries": 3000, "val": 0.1, "test": 0.3},
-    "cohyde": {"loader": "stabletoolbench", "headline": "ndcg@5", "queries": None, "val": 0.15, "test": 0.4},
+    "cogr": {"loader": "metatool", "headline": "f1", "queries": 3000, "val": 0.1, "test": 0.3,
+             "vague": "test_copy", "target_split": "test"},
+    "grape": {"loader": "metatool", "headline": "recall@10", "queries": 3000, "val": 0.1, "test": 0.3,
+              "vague": "all_queries", "target_split": "test"},
+    "cohyde": {"loader": "stabletoolbench", "headline": "ndcg@5", "queries": None, "val": 0.15, "test": 0.4,
+               "vague": "test_copy", "target_split": "vague"},
 }
+LOADERS = ("metatool", "stabletoolbench", "wands", "beir", "image_captions")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,7 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--method", required=True, choices=sorted(METHODS))
     parser.add_argument("--data", required=True, type=Path,
-                        help="the full data set's folder (MetaTool for cogr/grape, StableToolBench for cohyde)")
+                        help="the source folder --loader reads (default: MetaTool for cogr/grape, StableToolBench "
+                             "for cohyde); your own data: any loader's source, e.g. --loader beir")
+    parser.add_argument("--loader", choices=LOADERS, default=None,
+                        help="the loader of --data (default per method: metatool for cogr/grape, stabletoolbench "
+                             "for cohyde); a MetaTool source is subset by --queries, any other is used whole")
+    parser.add_argument("--vague", choices=("none", "test_copy", "all_queries"), default=None,
+                        help="vague queries (data.vague): test_copy also reports the final table on vague copies "
+                             "of the test queries; all_queries makes every query vague (the shift setting). "
+                             "Default: all_queries for grape, test_copy for cogr and cohyde")
     parser.add_argument("--budget-min", type=float, required=True,
                         help="wall-clock minutes for data preparation and training (the final test evaluation "
                              "comes after it and is timed separately)")
@@ -98,14 +121,18 @@ def metatool_subset(source: Path, dest: Path, n_queries: int, seed: int) -> Path
     return dest
 
 
-def data_source(method: str, data: Path, out: Path, n_queries: int | None, seed: int) -> Path:
+def data_source(method: str, data: Path, out: Path, n_queries: int | None, seed: int, loader: str | None = None) -> Path:
     spec = METHODS[method]
-    if spec["loader"] == "metatool":
+    loader = loader or spec["loader"]
+    if not data.exists():
+        raise SystemExit(f"--data {data}: no such folder")
+    if loader == "metatool":
         if not (data / "all_clean_data.csv").is_file():
             raise SystemExit(f"{data}: not a MetaTool folder (no all_clean_data.csv)")
-        return metatool_subset(data, out / "source", spec["queries"] if n_queries is None else n_queries, seed)
+        default = spec["queries"] if spec["loader"] == "metatool" else None
+        return metatool_subset(data, out / "source", default if n_queries is None else n_queries, seed)
     if n_queries:
-        raise SystemExit(f"--queries: {spec['loader']} is used whole")
+        raise SystemExit(f"--queries: a {loader} source is used whole")
     return data.resolve()
 
 
@@ -244,10 +271,11 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     overlays = [ROOT / "params.yaml", *(p.resolve() for p in (args.params or [ROOT / "params" / "cpu.yaml"]))]
     started = time.perf_counter()
-    source = data_source(args.method, args.data.resolve(), out, args.queries, args.seed)
-    overrides = [f"seed={args.seed}", f"data.loader={spec['loader']}", f"data.source={source}",
+    source = data_source(args.method, args.data.resolve(), out, args.queries, args.seed, args.loader)
+    vague = args.vague or spec["vague"]
+    overrides = [f"seed={args.seed}", f"data.loader={args.loader or spec['loader']}", f"data.source={source}",
                  f"data.dataset={args.method}_efficacy", f"data.val_fraction={spec['val']}",
-                 f"data.test_fraction={spec['test']}", *args.overrides]
+                 f"data.test_fraction={spec['test']}", f"data.vague={vague}", *args.overrides]
     from coevo.config import load_params
 
     params = load_params(overlays, overrides)  # a bad knob fails here, before any work
@@ -291,22 +319,56 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
         final = results[f"{args.method}-final"]
         tr.log_metrics(report.tracking_metrics(table))
         tr.set_tags({**report.table_tags(table), "efficacy.stopped": why})
+        tables = {"test": table}
+        if params.data.vague == "test_copy":
+            tables["vague"] = vague_table(args.method, params)
+            term.say("final evaluation on the vague split: done")
+            tr.log_metrics({k.replace("compare/", "compare_vague/", 1): v
+                            for k, v in report.tracking_metrics(tables["vague"]).items()})
         tr.log_metrics({"time/train_min": train_s / 60, "time/eval_min": (time.perf_counter() - eval_started) / 60})
         url = tr.run_url()
     term.say(f"final evaluation: {(time.perf_counter() - eval_started) / 60:.1f} min")
-    term.print_rich(report.metrics_table(table["rows"], table["columns"], title=f"{args.method}: efficacy ({table['split']}, "
-                                         f"n={table['n_queries']}; val rows choose the phase)"))
+    setting = {"test_copy": "; vague: test queries without their tools' words",
+               "all_queries": "; every query vague (the shift setting)"}.get(params.data.vague, "")
+    for split, t in tables.items():
+        term.print_rich(report.metrics_table(t["rows"], t["columns"], title=f"{args.method}: efficacy ({split}, "
+                                             f"n={t['n_queries']}; val rows choose the phase{setting})"))
     term.say(headline_ci(final, headline, params.evaluation.bootstrap.model_dump()))
-    gain = next((c for c in table["comparisons"] if c["name"] == report.VS_START and c["metric"] == headline), None)
-    if gain is None:
-        raise SystemExit(f"no {report.VS_START} comparison on {headline} in the final table")
+    gain = comparison(table, report.VS_START, headline)
     term.say(f"gain of {table['best_phase']} over {table['start_phase']} on test {headline}: "
              f"{report.difference_text(gain)} (n={gain['n']})")
+    target_split = spec["target_split"] if spec["target_split"] in tables else "test"
+    versus = {}
+    for split, t in tables.items():
+        paper = t["paper_baseline"]
+        versus[split] = comparison(t, paper["name"], headline)
+        term.say(f"{t['best_phase']} minus the paper's baseline ({paper['row']}) on {split} {headline}: "
+                 f"{report.difference_text(versus[split])} (n={versus[split]['n']})"
+                 + ("  <- the target" if split == target_split else ""))
     term.say(f"curves: {png or 'no GRPO steps ran'}; MLflow run: {url} (mlflow ui --backend-store-uri "
              f"{params.tracking.uri} from {out})")
     term.say(f"total {(time.perf_counter() - started) / 60:.1f} min")
     print(f"{args.method}_gain_ci_low={gain['ci_low']:.4f}", file=term.out)
+    print(f"{args.method}_vs_baseline_ci_low={versus[target_split]['ci_low']:.4f}", file=term.out)
     return 0
+
+
+def comparison(table: dict[str, Any], name: str, metric: str) -> dict[str, Any]:
+    found = next((c for c in table["comparisons"] if c["name"] == name and c["metric"] == metric), None)
+    if found is None:
+        raise SystemExit(f"no {name!r} comparison on {metric} in the final table ({table['split']})")
+    return found
+
+
+def vague_table(method: str, params: Any) -> dict[str, Any]:
+    """The final table on the vague split: the same trained phases and baselines, read on the vague
+    copies of the test queries (steps of their own: the test split's stamps are kept)."""
+    from coevo.pipeline import Pipeline
+
+    on_vague = params.model_copy(update={"evaluation": params.evaluation.model_copy(update={"split": "vague"})})
+    pipe = Pipeline(method, on_vague)
+    baselines = {step.name.split("-")[1]: step.run() for step in pipe.baseline_steps()}
+    return pipe.table(pipe.final().run(), baselines)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import tempfile
 import time
 import tracemalloc
@@ -124,6 +125,7 @@ def main() -> None:
         stats["embed"][workers] = last_pass()
         identical["embed"] &= bool(np.array_equal(got_emb, want_emb))
     ray.shutdown()
+    shutil.rmtree(scratch, ignore_errors=True)
 
     # Driver side of a round: the item index over N keyword sets (what the driver keeps in memory).
     rng = np.random.default_rng(0)

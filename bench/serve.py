@@ -16,7 +16,8 @@ warm-up calls each: p50 / p95 latency per query and queries/s; and three batches
 queries in one call each (queries/s, median batch).
 
 The last line is `serve_overhead_ratio=<HTTP p50 / in-process p50>` for CoGR with
-smollm2-135m (target <= 1.5).
+smollm2-135m (target <= 1.5); when that pair is not measured (`--generators tiny`), the ratio of
+the first pair measured, followed by which pair it is.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 SETTINGS = {
-    "cogr": ["cogr.sft_init=false", "cogr.rounds=0"],
+    # max_empty_share: an untrained model may write no keywords for most items; latency is what
+    # is measured here, so a thin index must not stop the run.
+    "cogr": ["cogr.sft_init=false", "cogr.rounds=0", "cogr.max_empty_share=1.0"],
     "grape": ["grape.grpo.steps=3", "grape.eval_every=2", "grape.grpo.batch_size=4", "grape.grpo.num_generations=2"],
     "cohyde": ["cohyde.rounds=0", "cohyde.warmup_max_examples=8", "cohyde.warmup_formats_per_item=1",
                "cohyde.max_train_queries=8", "cohyde.encoder_training.batch_size=8"],
@@ -68,6 +71,17 @@ def make_data(dest: Path, tools: int, per_tool: int) -> Path:
         writer.writerows([{"Query": r["Query"], "Tool": r["Tool"]} for r in keep])
     (raw / "plugin_des.json").write_text(json.dumps({t: descriptions[t] for t in names}))
     return load_source("metatool", raw, seed=0, val_fraction=0.25, test_fraction=0.25, name="bench").save(dest / "data")
+
+
+def experiment(uri: str, workdir: Path) -> str:
+    """The id of the `bench-serve` experiment of the store, created on first use."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    found = client.get_experiment_by_name("bench-serve")
+    if found is not None:
+        return found.experiment_id
+    return client.create_experiment("bench-serve", artifact_location=(workdir / "mlruns").resolve().as_uri())
 
 
 def train(workdir: Path, data: Path, method: str, generator: str):
@@ -200,15 +214,12 @@ def main() -> None:
     if args.train:  # the subprocess of train_in_subprocess: train, log, register as champion
         method, generator = args.train
         uri = f"sqlite:///{args.workdir.resolve()}/mlflow.db"
-        from mlflow.tracking import MlflowClient
-
-        found = MlflowClient(uri).get_experiment_by_name("bench-serve")
-        register({"uri": uri, "experiment": found.experiment_id}, train(args.workdir, args.data, method, generator),
+        retriever = train(args.workdir, args.data, method, generator)
+        register({"uri": uri, "experiment": experiment(uri, args.workdir)}, retriever,
                  f"coevo-{method}-bench_{generator}")
         return
     import mlflow
     import pandas as pd
-    from mlflow.tracking import MlflowClient
 
     from coevo.serving.pyfunc import tracking_uri
 
@@ -219,11 +230,7 @@ def main() -> None:
 
     queries = [str(t) for t in Dataset.load(data).queries_in("test")["text"]]
     uri = f"sqlite:///{workdir.resolve()}/mlflow.db"
-    client = MlflowClient(uri)
-    found = client.get_experiment_by_name("bench-serve")
-    experiment = found.experiment_id if found else client.create_experiment(
-        "bench-serve", artifact_location=(workdir / "mlruns").resolve().as_uri())
-    store = {"uri": uri, "experiment": experiment}
+    store = {"uri": uri, "experiment": experiment(uri, workdir)}
     print(f"CPU, torch threads={__import__('torch').get_num_threads()}, {len(queries)} distinct test queries, "
           f"{args.requests} single-query requests per side; workdir {workdir}", flush=True)
     results = []
@@ -258,6 +265,10 @@ def main() -> None:
     target = [r for r in results if r["method"] == "cogr" and r["generator"] == "smollm2-135m"]
     if target:
         print(f"serve_overhead_ratio={target[0]['ratio_p50']:.3f}")
+    elif results:
+        first = results[0]
+        print(f"serve_overhead_ratio={first['ratio_p50']:.3f}   ({first['method']} with {first['generator']}; "
+              f"the target is for cogr with smollm2-135m)")
 
 
 if __name__ == "__main__":

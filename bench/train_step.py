@@ -20,6 +20,9 @@ instructions (no AVX512-BF16/AMX), the kind of laptop/CI CPU on which TRL's defa
 
     .venv/bin/python bench/train_step.py                      # both models, native + avx2
     .venv/bin/python bench/train_step.py --models tiny --isa native --steps 2
+
+The last lines are ``coevo_step_vs_raw_<model>_<isa>=<x>``, one per model and ISA: the coevo
+step's ratio to its raw forward+backward + generate.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -198,6 +202,7 @@ def measure(kind: str, model_name: str, steps: int) -> dict:
     else:
         raise ValueError(f"unknown measurement {kind!r}")
     trainer.train()
+    shutil.rmtree(workdir, ignore_errors=True)  # checkpoints of the base model, TRL's output folder
 
     def mean(key: str) -> float:  # the first step pays one-off compilation and warm-up
         return sum(record[key][1:]) / steps
@@ -244,11 +249,14 @@ def main() -> None:
     for column in ("model", "cpu isa", "trainer", "bf16", "grad ckpt", "step s", "gen tok/s", "peak MB",
                    "fwd+bwd s", "generate s", "step / (fwd+bwd + generate)"):
         table.add_column(column, justify="right")
+    ratios = {}
     for model_name in args.models:
         for isa in args.isa:
             for kind in ("grpo_defaults", "grpo_coevo"):
                 r = _run_worker(kind, model_name, isa, args.steps)
                 base = r["fwdbwd"] + r["generate"]
+                if kind == "grpo_coevo":
+                    ratios[f"{model_name}_{isa}"] = r["seconds"] / base
                 table.add_row(
                     model_name, isa, "TRL defaults" if kind == "grpo_defaults" else "coevo",
                     str(r["bf16"]), str(r["gradient_checkpointing"]), f"{r['seconds']:.2f}",
@@ -257,6 +265,8 @@ def main() -> None:
                 )
                 Console().print(f"{model_name} {isa} {kind}: {json.dumps(r)}", highlight=False)
     Console(width=200).print(table)
+    for name, ratio in ratios.items():
+        print(f"coevo_step_vs_raw_{name}={ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,15 @@ class DataParams(Section):
         "drop keeps one (the highest grade) and reports the count and first examples (warning, dataset.json "
         "meta.duplicates); error refuses the source with the same report.",
     )
+    vague: Literal["none", "test_copy", "all_queries"] = Field(
+        description="Vague queries (coevo.data.vague: a query with its relevant items' own words taken out, a "
+        "fixed rule without a model or seed). none: the source's queries. test_copy: adds a `vague` split, a "
+        "vague copy of every test query; `evaluation.split: vague` reports the final table on it (the CoHyDE "
+        "paper's vague-query comparison). all_queries: every query (train, val, test) becomes vague: the shift "
+        "setting in which a method trains and is measured on vague queries (GRAPE's shifted-query comparison). "
+        "A query left with no content word has no vague version and is dropped (dataset.json meta.vague counts "
+        "them).",
+    )
 
     @model_validator(mode="after")
     def _fractions(self) -> "DataParams":
@@ -180,9 +189,9 @@ REQUIRED_CUTOFFS: tuple[int, ...] = (1, 5, 10)
 
 
 class EvaluationParams(Section):
-    split: Literal["val", "test"] = Field(
+    split: Literal["val", "test", "vague"] = Field(
         description="The split the FINAL evaluation reports; training phases and early stopping always monitor "
-        "the val split."
+        "the val split. vague: the vague copies of the test queries (needs `data.vague: test_copy`)."
     )
     cutoffs: list[StrictInt] = Field(
         min_length=1,
@@ -389,6 +398,13 @@ class CoHyDEEarlyStopping(Section):
     min_delta: Float = Field(ge=0.0, description="Smallest rise of the metric that counts as an improvement.")
 
 
+class SearchResultsParams(Section):
+    k: StrictInt = Field(ge=1, le=50, description="Snippets per query: the first-stage retriever's top k items.")
+    max_chars: StrictInt = Field(
+        ge=10, le=2000, description="Characters of an item's description kept in its snippet (cut at a word)."
+    )
+
+
 class CoGRParams(Section):
     generator: str = Field(
         min_length=1,
@@ -426,6 +442,19 @@ class CoGRParams(Section):
     )
     seed_temperature: Float = Field(
         gt=0.0, le=5.0, description="G_0 sampling temperature for the Algorithm 1 seeds; lower = cleaner SFT targets."
+    )
+    item_context: Literal["description", "title_only"] = Field(
+        description="What the item side sees of an item (seeds, SFT, GRPO rollouts, index builds alike): its title "
+        "and description, or title_only (the paper's Table 4 row \"- Description\")."
+    )
+    query_context: Literal["none", "search_results"] = Field(
+        description="What the query side sees besides the query: none, or search_results (the paper's Table 4 row "
+        "\"+ Search Results\", its best variant): the top-k snippets (title: cut description) of Lucene BM25 over "
+        "the items' title + text, from the corpus only (never the qrels); the same snippets in SFT, GRPO, "
+        "evaluation and `coevo search`."
+    )
+    search_results: SearchResultsParams = Field(
+        description="The snippets of query_context = search_results (unused with none)."
     )
     lora: LoraParams = Field(description="LoRA adapters of both generators.")
     sampling: SamplingParams = Field(description="Text generation: GRPO rollouts, seeds and indexing.")
@@ -574,6 +603,18 @@ class ComputeParams(Section):
     )
 
 
+class RuntimeParams(Section):
+    """How this machine computes; never part of a phase key, but recorded in every phase stamp and MLflow run,
+    and a run folder is resumed only under the numerics it was trained with (``coevo.runtime.numerics``)."""
+
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        description="Numerics of every trainer (SFT, DPO, GRPO): auto resolves per device (bf16 mixed precision on "
+        "CUDA and on CPUs whose native bf16 units make it faster, e.g. AVX512-BF16/AMX; fp32 elsewhere, where bf16 "
+        "is emulated and several times slower); fp32 or bf16 force one. A run folder trained under other resolved "
+        "numerics is not resumed."
+    )
+
+
 class Params(Section):
     seed: StrictInt = Field(ge=0, description="Seed of every random choice (splits, sampling, training).")
     data: DataParams = Field(description="The data set: where it comes from and how it is split.")
@@ -582,9 +623,17 @@ class Params(Section):
     compute: ComputeParams = Field(
         description="Where corpus-wide generation and embedding run: in process (local) or on a Ray cluster."
     )
+    runtime: RuntimeParams = Field(description="How this machine computes: the trainers' numerics (precision).")
     cogr: CoGRParams = Field(description="CoGR: query and item keyword generators co-trained by GRPO.")
     grape: GrapeParams = Field(description="GRAPE: a query rewriter trained by GRPO against a frozen retriever.")
     cohyde: CoHyDEParams = Field(description="CoHyDE: a HyDE rewriter and a dense encoder co-trained in rounds.")
+
+    @model_validator(mode="after")
+    def _vague_split(self) -> "Params":
+        if self.evaluation.split == "vague" and self.data.vague != "test_copy":
+            raise ValueError(f"evaluation.split = vague needs data.vague = test_copy (the vague copies of the test "
+                             f"queries); data.vague is {self.data.vague!r}")
+        return self
 
     def flat(self) -> dict[str, Any]:
         """Flattened ``a.b.c -> value`` view (MLflow params, DVC sweeps)."""

@@ -113,10 +113,12 @@ class Pipeline:
 
         def work() -> dict[str, Any]:
             from coevo.data.loaders import load_source
+            from coevo.data.vague import with_vague
 
             dataset = load_source(data.loader, data.source, seed=self.params.seed, val_fraction=data.val_fraction,
                                   test_fraction=data.test_fraction, name=data.dataset, min_grade=data.min_grade,
                                   split_scheme=data.split_scheme, duplicates=data.duplicates)
+            dataset = with_vague(dataset, data.vague)
             dataset.save(out)
             return {"dataset_dir": str(out), "fingerprint": fingerprint(out), "counts": dataset.metadata()["counts"]}
 
@@ -171,6 +173,12 @@ class Pipeline:
         return len(self.method_cls.declared(self.params).phases())
 
     # -------------------------------------------------------------- evaluate
+    def on_split(self, name: str) -> str:
+        """A final-evaluation or baseline step's name: ``name`` for the test split, ``name-<split>`` for
+        another, so each split keeps its own stamp (their results live in the stamps, not in files)."""
+        split = self.params.evaluation.split
+        return name if split == "test" else f"{name}-{split}"
+
     def _evaluation(self) -> dict[str, Any]:
         ev = self.params.evaluation
         return {"split": ev.split, "cutoffs": list(ev.cutoffs), "bootstrap": ev.bootstrap.model_dump(mode="json")}
@@ -186,7 +194,7 @@ class Pipeline:
         settings = {"baseline": name, **BASELINES[name], "val_split": MONITOR_SPLIT, "split": ev["split"],
                     "cutoffs": ev["cutoffs"], "bootstrap": ev["bootstrap"], "per_query": list(BASELINE_PER_QUERY)}
         key = step_key(f"baseline:{name}", settings, [self.data_fingerprint()], code_hash(BASELINE_CODE))
-        return self._stamped(f"baseline-{name}", f"{BASELINE_TITLES[name]} baseline", "evaluate", key, [],
+        return self._stamped(self.on_split(f"baseline-{name}"), f"{BASELINE_TITLES[name]} baseline", "evaluate", key, [],
                              lambda: baseline_result(self.method.dataset, name, ev["split"], ev["cutoffs"],
                                                      ev["bootstrap"]),
                              scope=f"data/{self.layout.dataset}")
@@ -218,7 +226,8 @@ class Pipeline:
         def work() -> dict[str, Any]:
             return keep_per_query(method.final_evaluation(split), columns)
 
-        return self._stamped(f"{self.name}-final", f"final evaluation ({split})", "evaluate", key, [], work)
+        return self._stamped(self.on_split(f"{self.name}-final"), f"final evaluation ({split})", "evaluate", key, [],
+                             work)
 
     def export(self, final: Step) -> Step | None:
         """The method's exports for other tools (CoGR: Lucene), or None when it has none."""
@@ -244,7 +253,7 @@ class Pipeline:
             from coevo.io import read_json, write_json
 
             lay.report_dir.mkdir(parents=True, exist_ok=True)
-            results = {b.name.split("-", 1)[1]: b.run() for b in baselines}
+            results = {b.name.split("-")[1]: b.run() for b in baselines}  # baseline-<name>[-<split>]
             table = self.table(final.run(), results)
             public = {**final.run(), "rows": [{k: v for k, v in r.items() if k != "per_query"}
                                               for r in final.run()["rows"]]}
@@ -252,9 +261,12 @@ class Pipeline:
             files = self.method.write_reports(lay.metrics_file, lay.plots_csv, lay.report_dir, public, by_split)
             written = read_json(lay.metrics_file)
             written["evaluation"] = table  # n, split, cut-offs, baselines at k*, every comparison with its CI
+            written["numerics"] = self.method.numerics_of(final.run()["best_phase"])  # what trained the chosen phase
             write_json(lay.metrics_file, written)
             return {"files": files, "table": table}
 
+        # One name for every split: the reports of one split overwrite metrics.json and the plots, so
+        # switching the split must re-key this step (the final evaluations keep a stamp per split).
         return self._stamped(f"{self.name}-reports", "reports", "evaluate", key,
                              [lay.metrics_file, lay.plots_csv, lay.report_dir], work)
 
@@ -268,7 +280,8 @@ class Pipeline:
         ev = self._evaluation()
         return evaluation_table(method=self.name, dataset=self.layout.dataset, columns=self.columns,
                                 val_rows=val_rows, final=final, baselines=baselines, bootstrap=ev["bootstrap"],
-                                cutoffs=ev["cutoffs"], val_split=MONITOR_SPLIT)
+                                cutoffs=ev["cutoffs"], val_split=MONITOR_SPLIT,
+                                paper_baseline=self.method_cls.paper_baseline)
 
     def evaluate_steps(self) -> list[Step]:
         baselines = self.baseline_steps()

@@ -262,7 +262,7 @@ def plot_grouped_counts(
 # metrics.json): rows for the baselines and the method's phases on val, then the baselines
 # and the method's start and chosen phase on the final split, and the paired comparisons
 # (mean difference, bootstrap CI, randomisation p-value) of every difference it claims.
-VS_START, VS_BASELINE = "vs start", "vs best baseline"
+VS_START, VS_BASELINE, VS_PAPER = "vs start", "vs best baseline", "vs paper baseline"
 
 
 def table_columns(method_metrics: Sequence[str]) -> list[str]:
@@ -334,6 +334,7 @@ def evaluation_table(
     bootstrap: Mapping[str, Any],
     cutoffs: Sequence[int],
     val_split: str = "val",
+    paper_baseline: str | None = None,
 ) -> dict[str, Any]:
     """The final table of one method's run (see the section notes).
 
@@ -343,7 +344,9 @@ def evaluation_table(
     baseline result} with per-query values on the final split. The chosen phase is
     compared with the method's start (``final["start_phase"]``, default its first row) and
     with the baseline that is best on val by the headline metric (``columns[0]``), on every
-    column both sides have per-query values for.
+    column both sides have per-query values for. ``paper_baseline`` (a phase of the final rows:
+    the baseline the method's paper claims to beat) adds the comparisons ``vs paper baseline``;
+    None means the paper's baseline is the best baseline (``vs best baseline`` answers it).
     """
     split = final["split"]
     rows: list[dict[str, Any]] = []
@@ -369,6 +372,12 @@ def evaluation_table(
     reference = next(r for r in baseline_split_rows if r["baseline"] == chosen)
     others = [(VS_START, start_row, final["rows"][start_index].get("per_query", {})),
               (VS_BASELINE, reference, baselines[chosen].get("per_query", {}))]
+    if paper_baseline is not None:
+        paper_index = next((i for i, r in enumerate(final["rows"]) if r["phase"] == paper_baseline), None)
+        if paper_index is None:
+            raise ValueError(f"{method}: the paper's baseline {paper_baseline!r} is not a row of the final evaluation "
+                             f"(rows: {', '.join(r['phase'] for r in final['rows'])})")
+        others.append((VS_PAPER, method_rows[paper_index], final["rows"][paper_index].get("per_query", {})))
     comparisons = []
     for name, other, other_values in others:
         for metric in columns:
@@ -383,6 +392,8 @@ def evaluation_table(
         "start_phase": start_phase, "best_phase": final["best_phase"],
         "best_baseline": {"baseline": chosen, "metric": baseline_metric, "chosen_on": val_split,
                           "chosen_k": baselines[chosen]["chosen_k"]},
+        "paper_baseline": {"name": VS_PAPER if paper_baseline else VS_BASELINE,
+                           "row": paper_baseline or baseline_short(chosen)},
         "bootstrap": dict(bootstrap), "rows": rows, "comparisons": comparisons,
     }
 
@@ -407,6 +418,41 @@ def tracking_metrics(table: Mapping[str, Any]) -> dict[str, float]:
                     f"{base}/p_value": c["p_value"], f"{base}/n": float(c["n"])})
     out[f"{table['split']}/n_queries"] = float(table["n_queries"])
     return out
+
+
+def summary_metrics(table: Mapping[str, Any]) -> dict[str, float]:
+    """The handful of numbers a comparer looks at first, under ``summary/``: the served (chosen) phase's
+    headline on val and on the final split, and its differences (with CI bounds) from its start, the
+    best baseline and the paper's baseline on that metric."""
+    headline, split = table["headline"], table["split"]
+    out: dict[str, float] = {}
+    for row in table["rows"]:
+        if row.get("phase") == table["best_phase"] and row["kind"] in ("phase", "final") and headline in row:
+            out[f"summary/{'val' if row['split'] == table['val_split'] else split}_{headline}"] = float(row[headline])
+    names = {VS_START: "vs_start", VS_BASELINE: "vs_best_baseline", VS_PAPER: "vs_paper_baseline"}
+    for c in table["comparisons"]:
+        if c["metric"] == headline and c["name"] in names:
+            base = f"summary/{names[c['name']]}"
+            out.update({base: c["mean"], f"{base}_ci_low": c["ci_low"], f"{base}_ci_high": c["ci_high"]})
+    return out
+
+
+def table_artifacts(table: Mapping[str, Any], final: Mapping[str, Any]) -> dict[str, dict[str, list[Any]]]:
+    """The final table, its paired differences and the served phase's per-query scores, column-wise
+    ({artifact file: {column: values}}, what ``MlflowClient.log_table`` takes)."""
+    def columns(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> dict[str, list[Any]]:
+        return {k: [r.get(k) for r in rows] for k in keys}
+
+    rows = [{k: v for k, v in r.items() if k != "differences"} for r in table["rows"]]
+    row_keys = ["label", "kind", "split", "phase", "n_queries", *table["columns"]]
+    diff_keys = ["name", "a", "b", "metric", "split", "n", "mean", "ci_low", "ci_high", "p_value", "significant"]
+    best = next(r for r in reversed(final["rows"]) if r["phase"] == final["best_phase"])
+    per_query = best.get("per_query") or {}
+    query_ids = sorted({q for values in per_query.values() for q in values})
+    scores = {"query_id": query_ids, **{m: [per_query[m].get(q) for q in query_ids] for m in sorted(per_query)}}
+    return {"tables/results.json": columns(rows, row_keys),
+            "tables/differences.json": columns(table["comparisons"], diff_keys),
+            f"tables/per_query_{final['best_phase']}.json": scores}
 
 
 def table_tags(table: Mapping[str, Any]) -> dict[str, str]:

@@ -37,6 +37,37 @@ def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Seque
     lay = pipe.layout
     progress.plan(sum(wants(stage, s) for s in ("prepare", "validate")) + wants(stage, "train") * pipe.phase_count()
                   + wants(stage, "evaluate") * 5, f"{pipe.method_cls.title} on {lay.dataset}")
+    if not wants(stage, "evaluate"):  # a DVC stage on its own: no MLflow run (the evaluate stage makes it)
+        _data_and_train(pipe, stage, train)
+        return summary(pipe, [])
+    # The MLflow run opens now and fills in while the flow runs: params and tags first, each phase's
+    # val metrics (and its GRPO/DPO step curves) as the phase ends, then the final table. It ends
+    # FINISHED, FAILED, or KILLED on Ctrl-C (Tracker.__exit__).
+    with Tracker(uri=params.tracking.uri, artifact_root=params.tracking.artifact_root,
+                 experiment=pipe.name) as tracker:
+        tracker.log_params(params.flat())
+        tracker.set_tags({**_tags(pipe), "coevo.stage": stage})
+        live = LiveSeries(tracker)
+        _data_and_train(pipe, stage, train, live)
+        return evaluate(pipe, tracker, live)
+
+
+class LiveSeries:
+    """Logs a method's per-phase and per-step series to the open MLflow run, each point once."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+        self.logged: set[tuple[str, int]] = set()
+
+    def log(self, method: Any) -> None:
+        for kind, series in (("phase", method.tracking_series()), ("step", method.training_curve_series())):
+            for step_no, metrics in series:
+                if (kind, step_no) not in self.logged:
+                    self.tracker.log_metrics(metrics, step=step_no)
+                    self.logged.add((kind, step_no))
+
+
+def _data_and_train(pipe: Pipeline, stage: str, train: Any, live: LiveSeries | None = None) -> None:
     if wants(stage, "prepare"):
         execute(pipe.prepare())
     if wants(stage, "validate"):
@@ -49,12 +80,11 @@ def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Seque
         else:
             for step in pipe.train_steps():
                 execute(step)
-    if not wants(stage, "evaluate"):
-        return summary(pipe, [])
-    return evaluate(pipe)
+                if live is not None:
+                    live.log(pipe.method)
 
 
-def evaluate(pipe: Pipeline) -> dict[str, Any]:
+def evaluate(pipe: Pipeline, tracker: Tracker, live: LiveSeries) -> dict[str, Any]:
     steps = pipe.evaluate_steps()
     independent = {b.name for b in pipe.baseline_steps()}
     # The baselines depend on the data only: with compute.backend=ray they run as Prefect tasks on
@@ -68,27 +98,23 @@ def evaluate(pipe: Pipeline) -> dict[str, Any]:
             if step.name not in independent:
                 results[step.name] = execute(step)
     method, lay = pipe.method, pipe.layout
-    final = results[f"{pipe.name}-final"]
+    final = results[pipe.on_split(f"{pipe.name}-final")]
     table = results[f"{pipe.name}-reports"]["table"]  # baselines at val-chosen k, the method, CIs of every delta
     rows = table["rows"]
-    with Tracker(uri=pipe.params.tracking.uri, artifact_root=pipe.params.tracking.artifact_root,
-                 experiment=pipe.name) as tracker:
-        tracker.log_params(pipe.params.flat())
-        tracker.set_tags(_tags(pipe))
-        for step_no, metrics in method.tracking_series():
-            tracker.log_metrics(metrics, step=step_no)
-        for step_no, metrics in method.training_curve_series():  # GRPO per step: reward, its std, KL, ...
-            tracker.log_metrics(metrics, step=step_no)
-        tracker.log_metrics(report.tracking_metrics(table))
-        tracker.set_tags(report.table_tags(table))
-        tracker.set_tags({"best_phase": final["best_phase"]})
-        tracker.log_artifact(lay.metrics_file)
-        tracker.log_artifact(lay.plots_csv, "plots")
-        tracker.log_artifact(lay.report_dir, "report")
-        tracker.log_artifact(lay.validation_dir, "data_validation")
-        registry = publish(pipe, tracker, table=table, final=final)  # MLflow model, challenger, champion gate
-        out = summary(pipe, rows, tracker, best_phase=final["best_phase"], table_metrics=table["columns"], registry=registry,
-                      evaluation={k: table[k] for k in ("split", "n_queries", "best_baseline", "comparisons")})
+    tracker.set_tags(_tags(pipe))  # again: the run folder's DVC md5 now that training is done
+    live.log(method)  # what ran outside this flow (a GPU deployment's train stage, a cached phase)
+    tracker.log_metrics({**report.tracking_metrics(table), **report.summary_metrics(table)})
+    tracker.set_tags({**report.table_tags(table), "best_phase": final["best_phase"], "chosen_phase": final["best_phase"]})
+    tracker.log_params({"chosen_phase": final["best_phase"]})
+    for artifact_file, columns in report.table_artifacts(table, final).items():
+        tracker.log_table(columns, artifact_file)
+    tracker.log_artifact(lay.metrics_file)
+    tracker.log_artifact(lay.plots_csv, "plots")
+    tracker.log_artifact(lay.report_dir, "report")
+    tracker.log_artifact(lay.validation_dir, "data_validation")
+    registry = publish(pipe, tracker, table=table, final=final)  # MLflow model, challenger, champion gate
+    out = summary(pipe, rows, tracker, best_phase=final["best_phase"], table_metrics=table["columns"], registry=registry,
+                  evaluation={k: table[k] for k in ("split", "n_queries", "best_baseline", "comparisons")})
     write_json(pipe.summary_path, out)  # what the CLI prints when nothing needs to run
     return out
 

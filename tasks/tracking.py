@@ -12,6 +12,10 @@ in a UI link selects Model training); runs are named
 ``<method>-<dataset>-<stage or date>`` (:func:`run_name`) instead of MLflow's random names;
 each run's description (``mlflow.note.content``, :func:`run_description`) says which data
 set and generator it trained and holds the final table.
+
+Numerics: logging params that hold ``runtime.precision`` also tags the run with what that knob
+resolves to on this machine and the rest of :func:`coevo.runtime.numerics` (device, CPU ISA,
+threads, library versions) as ``numerics.<key>`` tags (:func:`numerics_tags`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ MLFLOW_UI_PORT = 5000
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING = "custom_model_development"
 NOTE_TAG = "mlflow.note.content"  # the run's description in the UI (markdown)
+NUMERICS_TAG_PREFIX = "numerics."  # coevo.runtime.numerics() of the run, one tag per key
+PRECISION_PARAM = "runtime.precision"
 # The URL parameter that opens MLflow 3.17's UI on its "Model training" view (kept while navigating).
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
@@ -59,6 +65,11 @@ def git_commit(root: Path = Path(".")) -> tuple[str, bool]:
         return sha, dirty
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
+
+
+def numerics_tags(numerics: Mapping[str, Any]) -> dict[str, str]:
+    """``{"numerics.precision": "bf16", ...}``: a :func:`coevo.runtime.numerics` record as MLflow tags."""
+    return {f"{NUMERICS_TAG_PREFIX}{key}": str(value) for key, value in numerics.items()}
 
 
 def metric_name(name: str) -> str:
@@ -129,11 +140,16 @@ class Tracker:
 
     # -- logging -----------------------------------------------------------------------------
     def log_params(self, flat: Mapping[str, Any]) -> None:
+        """Log the flat params; when they hold ``runtime.precision``, tag the run with its numerics."""
         from mlflow.entities import Param
 
         params = [Param(k, json.dumps(v) if isinstance(v, (list, dict)) else str(v)) for k, v in sorted(flat.items())]
         for start in range(0, len(params), 100):  # MLflow caps a batch at 100 params
             self.client.log_batch(self.run_id, params=params[start : start + 100])
+        if PRECISION_PARAM in flat:
+            from coevo.runtime import numerics
+
+            self.set_tags(numerics_tags(numerics(flat[PRECISION_PARAM])))
 
     def set_tags(self, tags: Mapping[str, Any]) -> None:
         from mlflow.entities import RunTag
@@ -161,6 +177,10 @@ class Tracker:
             file = Path(tmp) / name
             file.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
             self.client.log_artifact(self.run_id, str(file), artifact_path)
+
+    def log_table(self, columns: Mapping[str, list[Any]], artifact_file: str) -> None:
+        """A table the UI renders (Artifacts tab; Evaluation compares it across runs): {column: values}."""
+        self.client.log_table(self.run_id, data=dict(columns), artifact_file=artifact_file)
 
     def log_text(self, text: str, name: str, artifact_path: str | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:

@@ -7,39 +7,202 @@ earlier test then dies with SIGSEGV (measured: exit 139 inside tests/test_lucene
 ~370 tests, never when the file runs alone). One process per file keeps native state apart.
 
     .venv/bin/python tests/run_by_file.py [pytest args...]     (what `make test` runs)
+
+Every file gets one line (its pytest summary and exit status; a failing file's output
+follows it), then a line naming the failing files, then the closing line, e.g.
+``412 passed, 3 failed, 7 skipped; failing: test_x.py (2 failed), test_y.py (crashed: exit 3)``.
+A file fails when pytest exits non-zero, and then it always counts in the closing line's
+failures, by name, even when pytest could not print its counts:
+
+- a file that **crashes** (killed by a signal such as SIGSEGV, ``os._exit``, pytest-timeout's
+  thread method ending the process) prints no pytest summary: its tests are counted from
+  pytest's progress characters (``.`` passed, ``F``/``E`` failed, ``s`` skipped) and the test
+  that was running when it died counts as one more failure;
+- a file that runs past the **per-file timeout** is killed with its whole process group
+  (SIGTERM, then SIGKILL after 5 s) and counted the same way. The timeout is
+  ``COEVO_TEST_FILE_TIMEOUT_S`` seconds (default 1800, above pytest-timeout's 1200 s per test
+  in pyproject.toml, so a single hung test still fails with its own name and stack dump
+  first); ``0`` disables it;
+- exit status 5 (no tests collected) passes only for a file listed in ``EMPTY_ON_PURPOSE``
+  below (a file meant to hold no tests), or when pytest reports tests it *deselected* (the
+  caller's own ``-m``/``-k`` chose none of the file's tests, e.g. ``-m "not slow"`` on a file
+  marked slow as a whole). A file that silently lost its tests fails as "no tests collected".
+
+Ctrl-C stops the running file (SIGINT to its process group, SIGKILL after 10 s) and the run.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
+TIMEOUT_ENV = "COEVO_TEST_FILE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800.0
+# Test files that are meant to collect no tests (pytest exit status 5 is then a pass), by file
+# name, e.g. "test_placeholder.py". Any other file that collects nothing fails.
+EMPTY_ON_PURPOSE: tuple[str, ...] = ()
+
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected)\b")
+SUMMARY = re.compile(r"\b(?:passed|failed|skipped|errors?|deselected|xfailed|xpassed|warnings?|no tests ran)\b"
+                     r".* in \d+(?:\.\d+)?s\b")
+PROGRESS = re.compile(r"^[.FEsxX]+(?:\s+\[\s*\d+%\])?$")
+GRACE_S = 5.0
+INTERRUPT_GRACE_S = 10.0
 
 
-def main(args: list[str]) -> int:
+@dataclass
+class FileResult:
+    name: str
+    rc: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+    seconds: float
+    timeout_s: float | None = None  # the limit the file ran under
+    counts: dict[str, int] = field(default_factory=dict)
+    summary: str = ""  # pytest's closing line, "" when it printed none
+    failing: bool = False
+    why: str = ""  # how a failing file failed, for the closing line
+
+    def line(self) -> str:
+        if self.rc is None:
+            return f"{self.name}: {self.why}, killed"
+        tail = self.summary or _last_line(self.stdout) or "no output"
+        note = f"; {self.why}" if self.failing and not self.summary else ""
+        return f"{self.name}: {tail} (rc={self.rc}){note}"
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else ""
+
+
+def timeout_from_env() -> float | None:
+    raw = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SystemExit(f"error: {TIMEOUT_ENV}={raw!r}: expected a number of seconds (0 disables the timeout)")
+    return value if value > 0 else None
+
+
+def _progress_counts(stdout: str) -> dict[str, int]:
+    """Tests that ran before a crash, from pytest's -q progress characters."""
+    chars = "".join(line.split("[")[0].strip() for line in stdout.splitlines() if PROGRESS.match(line.strip()))
+    return {"passed": chars.count("."), "failed": chars.count("F") + chars.count("E"), "skipped": chars.count("s")}
+
+
+def _stop_group(proc: subprocess.Popen, first: int, grace_s: float) -> None:
+    """Signal the file's process group (pytest and what it started), SIGKILL it after ``grace_s``."""
+    for sig, wait_s in ((first, grace_s), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_file(path: Path, root: Path, args: list[str], timeout_s: float | None) -> FileResult:
+    """One pytest process on ``path``, in a process group of its own; output through files, so a
+    grandchild that keeps a pipe open cannot block the runner."""
+    command = [sys.executable, "-m", "pytest", "-q", str(path.relative_to(root)), *args]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, cwd=root, stdout=out, stderr=err, start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc, signal.SIGTERM, GRACE_S)
+            rc = None
+        except BaseException:  # Ctrl-C: stop the file's tests, then stop the run
+            _stop_group(proc, signal.SIGINT, INTERRUPT_GRACE_S)
+            raise
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        return FileResult(path.name, rc, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace"),
+                          seconds, timeout_s)
+
+
+def judge(result: FileResult, empty_ok: tuple[str, ...] | set[str] = EMPTY_ON_PURPOSE) -> FileResult:
+    """Counts, and whether (and how) the file failed."""
+    tail = _last_line(result.stdout)
+    if SUMMARY.search(tail):
+        result.summary = tail
+        counts: dict[str, int] = {}
+        for n, key in COUNT.findall(tail):
+            key = "errors" if key.startswith("error") else key
+            counts[key] = counts.get(key, 0) + int(n)
+    else:
+        counts = _progress_counts(result.stdout)
+    result.counts = counts
+    rc = result.rc
+    if rc == 0:
+        return result
+    if rc == 5 and (result.name in empty_ok or counts.get("deselected")):
+        return result
+    result.failing = True
+    if rc is None:
+        result.why = f"timed out after {result.timeout_s:g}s"
+    elif not result.summary:
+        result.why = f"crashed: signal {_signal_name(-rc)}" if rc < 0 else f"crashed: exit {rc}"
+    elif rc == 5:
+        result.why = "no tests collected"
+    else:
+        found = [f"{counts['failed']} failed"] if counts.get("failed") else []
+        if counts.get("errors"):
+            found.append(f"{counts['errors']} error{'s' if counts['errors'] > 1 else ''}")
+        result.why = ", ".join(found) or f"exit {rc}"
+    # the test running at the crash or timeout, or a non-zero exit with no failure counted
+    if not result.summary or not (counts.get("failed") or counts.get("errors")):
+        counts["failed"] = counts.get("failed", 0) + 1
+    return result
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | set[str] = EMPTY_ON_PURPOSE) -> int:
+    """Every tests_dir/test_*.py in its own pytest process (cwd: tests_dir's parent); 1 if any failed."""
+    timeout_s = timeout_from_env()
     totals = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
-    failed_files = []
+    failing: list[FileResult] = []
     started = time.perf_counter()
-    for path in sorted(TESTS.glob("test_*.py")):
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", str(path.relative_to(TESTS.parent)), *args],
-                                cwd=TESTS.parent, capture_output=True, text=True)
-        tail = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
-        counts = {key: int(n) for n, key in re.findall(r"(\d+) (passed|failed|skipped|errors?)", tail)}
-        for key, n in counts.items():
-            totals["errors" if key.startswith("error") else key] += n
-        print(f"{path.name}: {tail or 'no output'} (rc={result.returncode})", flush=True)
-        if result.returncode not in (0, 5):  # 5: nothing collected (e.g. deselected by -m)
-            failed_files.append(path.name)
+    for path in sorted(tests_dir.glob("test_*.py")):
+        result = judge(run_file(path, tests_dir.parent, args, timeout_s), empty_ok)
+        for key in totals:
+            totals[key] += result.counts.get(key, 0)
+        print(result.line(), flush=True)
+        if result.failing:
+            failing.append(result)
             print(result.stdout[-20000:], result.stderr[-5000:], sep="\n", flush=True)
-    print(f"files: {len(failed_files)} failing {failed_files if failed_files else ''}; "
-          f"{time.perf_counter() - started:.0f}s")
-    print(f"{totals['passed']} passed, {totals['failed'] + totals['errors']} failed, {totals['skipped']} skipped")
-    return 1 if failed_files else 0
+    names = [r.name for r in failing]
+    print(f"files: {len(failing)} failing {names if names else ''}; {time.perf_counter() - started:.0f}s")
+    closing = f"{totals['passed']} passed, {totals['failed'] + totals['errors']} failed, {totals['skipped']} skipped"
+    if failing:
+        closing += "; failing: " + ", ".join(f"{r.name} ({r.why})" for r in failing)
+    print(closing, flush=True)
+    return 1 if failing else 0
 
 
 if __name__ == "__main__":
+    # SIGTERM (a CI runner cancelling the job) stops the running file's process group too.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     sys.exit(main(sys.argv[1:]))

@@ -155,6 +155,9 @@ class _Stub:
         return [{"name": "00_sft", "label": "SFT", "eval": {"f1": 0.1}},
                 {"name": "02_item", "label": "round 1 item GRPO", "eval": {"f1": 0.3}}]
 
+    def numerics_of(self, phase):
+        return {"precision": "fp32", "phase": phase}
+
     def write_reports(self, metrics_file, plots_csv, report_dir, final, baselines):
         assert all("per_query" not in r for r in final["rows"])  # never dumped into metrics.json
         Path(metrics_file).write_text(json.dumps({"best_phase": final["best_phase"], "baselines": baselines}))
@@ -184,6 +187,7 @@ def test_reports_step_writes_the_table_into_metrics_json(case, tmp_path, monkeyp
     result = pipe.reports(final_step, steps).run()
     written = json.loads(Path("metrics.json").read_text())
     assert written["evaluation"] == json.loads(json.dumps(result["table"]))
+    assert written["numerics"] == {"precision": "fp32", "phase": written["best_phase"]}  # the chosen phase's
     ev = written["evaluation"]
     assert ev["split"] == "test" and ev["n_queries"] == 12 and ev["bootstrap"]["resamples"] == 1000
     assert {c["name"] for c in ev["comparisons"]} == {"vs start", "vs best baseline"}

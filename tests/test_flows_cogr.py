@@ -56,7 +56,7 @@ def summary_curve(root: Path) -> list[dict]:
     return Pipeline("cogr", load_params(root / "params.yaml")).method.training_curve()
 
 
-def test_full_run_logs_every_phase_to_mlflow(finished, chdir):
+def test_full_run_logs_every_phase_to_mlflow(finished, chdir, tmp_path):
     root, summary = finished
     chdir(root)
     labels = [r["label"] for r in summary["rows"] if r["kind"] != "baseline"]
@@ -76,6 +76,9 @@ def test_full_run_logs_every_phase_to_mlflow(finished, chdir):
     assert client.get_experiment(mlrun.info.experiment_id).name == "cogr"
     for name in ("eval/f1", "eval/precision", "eval/recall", "eval/recall_at_100", "eval/ndcg_at_10", "eval/mrr_at_100"):
         assert sorted(m.step for m in client.get_metric_history(run_id, name)) == [0, 1, 2], name
+    # Live: the run opened before training and each phase's val metrics arrived when the phase ended.
+    f1 = sorted(client.get_metric_history(run_id, "eval/f1"), key=lambda m: m.step)
+    assert mlrun.info.start_time < f1[0].timestamp < f1[1].timestamp < f1[2].timestamp < mlrun.info.end_time
     for name in ("train/reward_mean", "train/kl"):
         assert sorted(m.step for m in client.get_metric_history(run_id, name)) == [1, 2], name
     # GRPO learning curves per training step, counted across the two GRPO phases.
@@ -85,6 +88,12 @@ def test_full_run_logs_every_phase_to_mlflow(finished, chdir):
         assert sorted(m.step for m in client.get_metric_history(run_id, name)) == curve_steps, name
     metrics = mlrun.data.metrics
     assert "bm25/val/f1" in metrics and "bm25/test/f1" in metrics and "test/00_sft/f1" in metrics
+    # What a comparer reads first: the served phase's headline and its gains with CI bounds.
+    gain = next(c for c in summary["evaluation"]["comparisons"] if c["name"] == "vs start" and c["metric"] == "f1")
+    assert metrics["summary/vs_start"] == pytest.approx(gain["mean"])
+    assert metrics["summary/vs_start_ci_low"] == pytest.approx(gain["ci_low"])
+    assert {"summary/val_f1", "summary/test_f1", "summary/vs_best_baseline_ci_low"} <= set(metrics)
+    assert mlrun.data.params["chosen_phase"] == mlrun.data.tags["chosen_phase"] == summary["best_phase"]
     assert mlrun.data.params["cogr.generator"] == "tiny"
     tags = mlrun.data.tags
     assert tags["git.commit"] and tags["prefect.flow_run_id"] == summary["flow_run_id"]
@@ -92,8 +101,11 @@ def test_full_run_logs_every_phase_to_mlflow(finished, chdir):
     assert tags["dvc.md5.data/models/cogr/toy"].endswith(".dir")
 
     artifacts = {a.path for a in client.list_artifacts(run_id)}
-    for folder in ("report", "plots", "data_validation"):
+    for folder in ("report", "plots", "data_validation", "tables"):
         artifacts |= {a.path for a in client.list_artifacts(run_id, folder)}
+    assert {"tables/results.json", "tables/differences.json", f"tables/per_query_{summary['best_phase']}.json"} <= artifacts
+    results = json.loads(Path(client.download_artifacts(run_id, "tables/results.json", str(tmp_path))).read_text())
+    assert results["columns"][:2] == ["label", "kind"] and len(results["data"]) == len(summary["rows"])
     assert {"metrics.json", "plots/cogr_phases.csv", "report/eval_f1.png", "report/keyword_dynamics.png",
             "report/keyword_dynamics.csv", "report/examples.md", "data_validation/validation.json"} <= artifacts
 
@@ -143,7 +155,10 @@ def test_changed_grpo_param_reruns_only_the_grpo_phases(project: Path):
 def test_evaluation_split_reruns_only_the_evaluation(project: Path):
     states = task_states(run(overrides=["evaluation.split=val"])["flow_run_id"])
     assert all(state == "Cached" for (name, state) in states if name.startswith(("cogr-0", "cogr-seed"))), states
-    assert states[("cogr-final", "Completed")] == 1, states
+    # Another split's evaluation steps have their own names and stamps: the test split's stay valid.
+    assert states[("cogr-final-val", "Completed")] == 1 and ("cogr-final", "Completed") not in states, states
+    back = task_states(run()["flow_run_id"])
+    assert back[("cogr-final", "Cached")] == 1 and back[("cogr-reports", "Completed")] == 1, back
 
 
 def test_failed_validation_stops_the_flow_with_the_report_path(project: Path):

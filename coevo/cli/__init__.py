@@ -26,7 +26,7 @@ def offline_models() -> None:
     No command should reach a model hub behind the user's back (a GPU worker without
     network would hang on a retry loop): HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE default to 1;
     set HF_HUB_OFFLINE=0 to let a model id be downloaded. Data downloads (`coevo data
-    download`) go through plain HTTP and are not affected.
+    prepare wands --download`) go through plain HTTP and are not affected.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", os.environ["HF_HUB_OFFLINE"])

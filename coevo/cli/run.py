@@ -35,9 +35,10 @@ from coevo.cli.common import (
     verbose_wanted,
 )
 
+from coevo.methods import SPECS  # noqa: E402 - names and help lines only; no method is imported
+
 app = typer.Typer(help="Run a method's full pipeline as a Prefect flow.", no_args_is_help=True)
 
-METHODS = ("cogr", "grape", "cohyde")
 STAGE_HELP = "Run one DVC stage only (prepare, validate, train, evaluate), or all of them."
 PARAMS_HELP = "Params file (YAML); repeat to overlay files, later ones win (e.g. -p params.yaml -p params/demo.yaml)."
 VERBOSE_HELP = "Keep library output (trainer logs, warnings, Prefect's task logs) on screen; show tracebacks."
@@ -371,9 +372,8 @@ def _method_command(method: str, doc: str) -> None:
     app.command(method, help=doc)(command)
 
 
-_method_command("cogr", "CoGR: Algorithm 1 SFT, alternating query/item GRPO rounds, BM25 baseline, Lucene export.")
-_method_command("grape", "GRAPE: GRPO query rewriter against a frozen retriever, corpus-rank reward.")
-_method_command("cohyde", "CoHyDE: co-train a HyDE rewriter (DPO) and a dense encoder, per-group metrics.")
+for _spec in SPECS.values():  # one command per registered method (coevo.methods.SPECS)
+    _method_command(_spec.name, _spec.run_help)
 
 
 def register_top_level(root: typer.Typer) -> None:

@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from coevo.cli.common import console, user_errors
+from coevo.methods import SPECS
 
 app = typer.Typer(help="Train a method in-process on a prepared data set (resumable).", no_args_is_help=True)
 
@@ -20,8 +21,10 @@ app = typer.Typer(help="Train a method in-process on a prepared data set (resuma
 class TrainState:
     """What `coevo train` is doing, for the line printed when it is interrupted."""
 
-    def __init__(self) -> None:
+    def __init__(self, method: str = "") -> None:
         self.run = None
+        self.command = f"train-{method}"  # names the log file (coevo.cli.run.library_output)
+        self.log_path = None
 
     def interrupted(self) -> str:
         from coevo.cli.common import resume_command
@@ -69,7 +72,7 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
             if not quiet:
                 shown = " ".join(f"{k}={record['eval'][k]:.4f}" for k in run.table_metrics
                                  if k in record.get("eval", {}))
-                console.print(f"[green]done[/] {phase.label} {shown}", highlight=False)
+                console.print(f"[green]done[/] {phase.label}" + (f" {shown}" if shown else ""), highlight=False)
 
         rows = run.run(on_phase=done)
     if not distributed.is_writer():
@@ -89,7 +92,8 @@ def _rank_zero_lock(run_dir: Path):
     return run_lock(run_dir) if distributed.is_writer() else contextlib.nullcontext()
 
 
-def _command(method: str, doc: str, vllm: bool = False) -> None:
+def _command(method: str, doc: str, vllm: bool) -> None:
+    """`coevo train <method>`; ``--vllm`` only where the method's spec says its generation runs on vLLM."""
     def command(
         params: list[Path] = typer.Option([Path("params.yaml")], "--params", "-p",
                                           help="Params file(s); repeat to overlay, later ones win."),
@@ -100,20 +104,37 @@ def _command(method: str, doc: str, vllm: bool = False) -> None:
                                            f"<data.root>/models/{method}/<data.dataset>. Re-running resumes; a changed "
                                            "knob re-runs only the phases that depend on it."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
-        use_vllm: bool = typer.Option(False, "--vllm", help="Generate GRPO rollouts with vLLM (GPU workers)."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
+        use_vllm: bool = False,
     ) -> None:
-        state = TrainState()
-        with user_errors(verbose, state.interrupted):
-            _train(method, params, set_, data, out, quiet, state, **({"use_vllm": use_vllm} if use_vllm else {}))
+        from coevo.cli.run import library_output, run_errors
 
+        state = TrainState(method)
+        # As `coevo run`: trainer dictionaries, progress bars and warnings go to logs/coevo-train-<method>-*.log
+        # (named on screen); the screen keeps one line per finished phase and the results table.
+        with run_errors(state, verbose), library_output(state, verbose):
+            _train(method, params, set_, data, out, quiet, state, **({"use_vllm": True} if use_vllm else {}))
+
+    _declare_vllm(command, vllm)
     command.__doc__ = doc
     app.command(method, help=doc)(command)
 
 
-_command("cogr", "CoGR: Algorithm 1 SFT, then alternating query/item GRPO phases with early stopping on val.")
-_command("grape", "GRAPE: GRPO query rewriter against a frozen retriever (corpus-rank reward).")
-_command("cohyde", "CoHyDE: S1a encoder, S1b rewriter warm-up, then rounds of S2-S4 + DPO with early stopping.")
+def _declare_vllm(command, offered: bool) -> None:
+    """Give ``command``'s ``use_vllm`` parameter the ``--vllm`` flag, or hide it from typer (not offered)."""
+    import inspect
+
+    signature = inspect.signature(command)
+    params = [p for p in signature.parameters.values() if p.name != "use_vllm"]
+    if offered:
+        params.append(signature.parameters["use_vllm"].replace(default=typer.Option(
+            False, "--vllm", help="Generate GRPO rollouts and keyword sets with vLLM (GPU workers with vllm "
+            "installed).")))
+    command.__signature__ = signature.replace(parameters=params)
+
+
+for _spec in SPECS.values():  # one command per registered method (coevo.methods.SPECS)
+    _command(_spec.name, _spec.train_help, _spec.supports_vllm)
 
 
 def results_table(run, rows: list[dict]):

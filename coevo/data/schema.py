@@ -23,6 +23,10 @@ import pandas as pd
 from coevo import io
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+# Splits a prepared data set may add to the source's: "vague" = test queries with their items'
+# vocabulary taken out (coevo.data.vague, ``data.vague: test_copy``); evaluated, never trained on.
+DERIVED_SPLITS: tuple[str, ...] = ("vague",)
+ALL_SPLITS: tuple[str, ...] = SPLITS + DERIVED_SPLITS
 REQUIRED_COLUMNS: dict[str, tuple[str, ...]] = {
     "items": ("item_id", "title", "text"),
     "queries": ("query_id", "text", "split"),
@@ -156,8 +160,8 @@ class Dataset:
     # ------------------------------------------------------------------ accessors
     def queries_in(self, split: str) -> pd.DataFrame:
         """The queries of one split (fresh 0..n-1 index, original order)."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        if split not in ALL_SPLITS:
+            raise ValueError(f"unknown split {split!r}; expected one of {', '.join(ALL_SPLITS)}")
         return self.queries[self.queries["split"] == split].reset_index(drop=True)
 
     def relevant(self, split: str | None = None, min_grade: int = 1) -> dict[str, dict[str, int]]:

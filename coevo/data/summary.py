@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 
-from coevo.data.schema import SPLITS, Dataset
+from coevo.data.schema import DERIVED_SPLITS, SPLITS, Dataset
 
 
 def _stats(values: pd.Series) -> dict[str, float]:
@@ -29,7 +29,9 @@ def summarize(ds: Dataset, min_grade: int = 1) -> dict[str, Any]:
     per_query = per_query.reindex(queries["query_id"], fill_value=0)
     split_of = dict(zip(queries["query_id"], queries["split"]))
     per_split: dict[str, dict[str, Any]] = {}
-    for split in SPLITS:
+    present = set(split_of.values())
+    splits = (*SPLITS, *(s for s in DERIVED_SPLITS if s in present))  # a derived split only where it was made
+    for split in splits:
         ids = [q for q, s in split_of.items() if s == split]
         per_split[split] = {"queries": len(ids), "relevant_per_query": _stats(per_query.loc[ids])}
     summary: dict[str, Any] = {
@@ -47,7 +49,7 @@ def summarize(ds: Dataset, min_grade: int = 1) -> dict[str, Any]:
     if "group" in queries.columns:
         groups = queries.groupby(["group", "split"]).size().unstack(fill_value=0)
         summary["groups"] = {
-            str(group): {split: int(groups.loc[group].get(split, 0)) for split in SPLITS} for group in groups.index
+            str(group): {split: int(groups.loc[group].get(split, 0)) for split in splits} for group in groups.index
         }
     return summary
 

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from coevo import io
-from coevo.data.schema import SPLITS, TABLES, Dataset
+from coevo.data.schema import ALL_SPLITS, TABLES, Dataset
 
 MAX_VALUES = 5
 ID_COLUMN = {"items": "item_id", "queries": "query_id", "qrels": None}
@@ -148,7 +148,7 @@ def build_suites(dataset: Dataset) -> dict[str, Any]:
     items, queries, qrels = dataset.items, dataset.queries, dataset.qrels
     item_ids = sorted(set(items["item_id"].dropna()) & set(qrels["item_id"].dropna()))
     query_ids = sorted(set(queries["query_id"].dropna()) & set(qrels["query_id"].dropna()))
-    eval_queries = set(queries.loc[queries["split"].isin(["val", "test"]), "query_id"].dropna())
+    eval_queries = set(queries.loc[queries["split"].isin(["val", "test", "vague"]), "query_id"].dropna())
     relevant = set(qrels.loc[qrels["grade"] > 0, "query_id"].dropna())
     answered = sorted(eval_queries & relevant)
     # Queries that have a relevant item (any split); "" keeps the condition valid when there is none.
@@ -176,12 +176,12 @@ def build_suites(dataset: Dataset) -> dict[str, Any]:
             _rule(E.ExpectColumnValuesToNotBeNull(column="text"), "every query has text"),
             _rule(E.ExpectColumnValuesToMatchRegex(column="text", regex=r"\S"), "query text is not empty"),
             _rule(E.ExpectColumnValuesToNotBeNull(column="split"), "every query has a split"),
-            _rule(E.ExpectColumnValuesToBeInSet(column="split", value_set=list(SPLITS)), "split is train, val or test"),
+            _rule(E.ExpectColumnValuesToBeInSet(column="split", value_set=list(ALL_SPLITS)), "split is train, val, test (or vague)"),
             _rule(
                 E.ExpectColumnValuesToBeInSet(
-                    column="query_id", value_set=answered, row_condition=Column("split").is_in(["val", "test"])
+                    column="query_id", value_set=answered, row_condition=Column("split").is_in(["val", "test", "vague"])
                 ),
-                "every val/test query has at least one relevant item (grade > 0)",
+                "every val/test query (and vague copy) has at least one relevant item (grade > 0)",
             ),
             _rule(
                 E.ExpectColumnDistinctValuesToContainSet(

@@ -11,6 +11,10 @@ supplies everything else, the same way for CoGR, GRAPE and CoHyDE:
   last finished phase and a changed knob re-runs exactly the phases that depend on it;
 - ``prune()``: removes the outputs of phases whose key changed or that left the plan (a
   lower ``rounds``), so the run directory (a DVC output) never holds stale phases;
+- numerics (``coevo.runtime.numerics``): every phase trains under ``runtime.precision``, its
+  stamp records the numerics it ran with, and a run folder whose finished phases were trained
+  under another resolved precision or CPU ISA is not continued (:class:`NumericsMismatch`);
+  the numerics are no part of any key, so stamps without them (older runs) still count;
 - early stopping on the val split, ``best_phase()``, ``rows()`` for tables, and ``run()``
   for in-process training (``coevo train``), which the Prefect flow mirrors task by task.
 """
@@ -27,6 +31,7 @@ from typing import Any, ClassVar
 
 from coevo import distributed
 from coevo.config import Params
+from coevo.runtime import RESUME_NUMERICS, describe_numerics, numerics, precision_policy
 from coevo.steps import code_hash, fingerprint, is_done, read_stamp, remove_outputs, run_stamped, select, step_key
 
 log = logging.getLogger(__name__)
@@ -73,6 +78,10 @@ class PhaseNotReady(RuntimeError):
     """A phase was asked to run before a phase it reads has finished."""
 
 
+class NumericsMismatch(ValueError):
+    """A run folder holds phases trained under other numerics than this machine resolves now."""
+
+
 class Method(ABC):
     """A method's run over ``run_dir`` on the prepared data set in ``dataset_dir``."""
 
@@ -82,6 +91,9 @@ class Method(ABC):
     code: ClassVar[tuple[str, ...]]
     #: metrics shown in the flow's final table
     table_metrics: ClassVar[tuple[str, ...]]
+    # The baseline the method's paper claims to beat, as a phase of final_evaluation's rows (GRAPE: the
+    # raw query, CoHyDE: S1a); None = the best BM25/dense baseline (CoGR). Every final table compares with it.
+    paper_baseline: ClassVar[str | None] = None
     #: knobs that decide which phases exist or run (not part of any phase key; DVC tracks them)
     plan_params: ClassVar[tuple[str, ...]] = ()
 
@@ -224,6 +236,13 @@ class Method(ABC):
             raise PhaseNotReady(f"{self.run_dir}: {self.name} phase {name} has not finished")
         return read_stamp(self._stamp(name))["result"]
 
+    def numerics_of(self, name: str) -> dict[str, str] | None:
+        """The numerics phase ``name`` was trained with (its stamp), None for stamps written before they were
+        recorded; metrics.json and the reports can cite the chosen phase's (``numerics_of(best_phase())``)."""
+        stamp = read_stamp(self._stamp(name)) or {}
+        recorded = stamp.get("numerics")
+        return dict(recorded) if isinstance(recorded, Mapping) else None
+
     # --------------------------------------------------------------- running
     def run_phase(self, name: str) -> dict[str, Any]:
         """Run one phase unless it is done with its current key; return its record."""
@@ -235,9 +254,34 @@ class Method(ABC):
                     f"{self.name} phase {name} reads phase {needed}, which has not finished; run the phases in order "
                     f"(`coevo train {self.name}` or `coevo run {self.name}`)"
                 )
+        current = numerics(self.params)
+        if not self.is_done(name):
+            self.check_numerics(current)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        return run_stamped(self._stamp(name), self.key(name), self._outputs(phase), lambda: self._run(phase),
-                           resumable=phase.resumable, meta={"writes": list(phase.writes)})
+        with precision_policy(self.params):
+            return run_stamped(self._stamp(name), self.key(name), self._outputs(phase), lambda: self._run(phase),
+                               resumable=phase.resumable, meta={"writes": list(phase.writes), "numerics": current})
+
+    def check_numerics(self, current: Mapping[str, str]) -> None:
+        """Refuse to add to a run folder whose finished phases were trained under other numerics
+        (resolved precision, CPU ISA, oneDNN's ISA cap) than ``current``; stamps without numerics pass."""
+        for phase in self._plan.values():
+            if not self.is_done(phase.name):
+                continue
+            recorded = (read_stamp(self._stamp(phase.name)) or {}).get("numerics")
+            if not isinstance(recorded, Mapping):
+                continue
+            differ = [k for k in RESUME_NUMERICS if str(recorded.get(k, "")) != str(current.get(k, ""))]
+            if not differ:
+                continue
+            if "precision" in differ:
+                fix = f"set runtime.precision={recorded.get('precision')}"
+            else:
+                fix = "run on a machine with that CPU ISA and ONEDNN_MAX_CPU_ISA setting"
+            raise NumericsMismatch(
+                f"run folder {self.run_dir}: phase {phase.name} was trained with {describe_numerics(recorded)}; "
+                f"this machine resolves {describe_numerics(current)}: use a fresh run folder or {fix}"
+            )
 
     def prune(self) -> list[str]:
         """Remove the outputs and stamps of phases whose key changed or that left the plan."""

@@ -40,7 +40,8 @@ from coevo import distributed
 from coevo.config import Params
 from coevo.methods.base import MONITOR_SPLIT, Method, Phase
 from coevo.io import atomic_path, read_json, write_json, write_parquet, write_text
-from coevo.models.prompts import item_messages, keyword_completion, query_messages
+from coevo.methods.cogr_context import SearchResults, item_description, item_prompt, query_prompt
+from coevo.models.prompts import keyword_completion
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def ngram_histogram(keyword_sets: Mapping[str, Sequence[str]]) -> dict[str, int]
 # Knobs each CoGR phase depends on (besides `seed`); `rounds` and early stopping are left out,
 # so adding a round or changing the patience keeps every finished phase.
 SEED_KNOBS = ("generator", "seed_generator", "m_item_keywords", "n_query_keywords", "sampling", "seed_temperature",
-              "sft_init")
+              "sft_init", "item_context")
 NOT_SFT_KNOBS = ("rounds", "early_stopping", "grpo", "query_side_only", "item_reward")
 NOT_GRPO_KNOBS = ("rounds", "early_stopping")
 
@@ -166,8 +167,8 @@ class CoGR(Method):
 
     name = "cogr"
     title = "CoGR"
-    code = ("coevo.methods.base", "coevo.methods.cogr", "coevo.methods.cogr_report", "coevo.models", "coevo.train", "coevo.rewards",
-            "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime", "coevo.compute")
+    code = ("coevo.methods.base", "coevo.methods.cogr", "coevo.methods.cogr_context", "coevo.methods.cogr_report",
+            "coevo.models", "coevo.train", "coevo.rewards", "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime", "coevo.compute")
     plan_params = ("cogr.rounds", "cogr.sft_init", "cogr.query_side_only", "cogr.early_stopping")
     table_metrics = ("f1", "recall@100", "ndcg@10")
 
@@ -210,6 +211,8 @@ class CoGR(Method):
             self.train_query_ids = sorted(picked)
             self.train_qrels = {q: self.train_qrels[q] for q in self.train_query_ids}
         self.eval_query_ids = sorted(self.dataset.queries_in(MONITOR_SPLIT)["query_id"])
+        self.search_results = SearchResults.from_params(self.dataset.items, self.cfg)
+        self._snippets: dict[str, list[str]] = {}
 
     @property
     def early_stopping_params(self):
@@ -321,10 +324,18 @@ class CoGR(Method):
         return self.run_dir / "scratch" / "compute"
 
     def _item_prompts(self, item_ids: Sequence[str]) -> list[Any]:
-        return [item_messages(self.item_title[i], self.item_desc[i]) for i in item_ids]
+        return [item_prompt(self.item_title[i], self.item_desc[i], self.cfg.item_context) for i in item_ids]
 
     def _query_prompts(self, query_ids: Sequence[str]) -> list[Any]:
-        return [query_messages(self.query_text[q]) for q in query_ids]
+        """Query prompts (coevo.methods.cogr_context): with query_context = search_results each carries
+        the query's BM25 snippets, computed once per query and the same in SFT, GRPO and evaluation."""
+        if self.search_results is None:
+            return [query_prompt(self.query_text[q]) for q in query_ids]
+        missing = [q for q in dict.fromkeys(query_ids) if q not in self._snippets]
+        if missing:
+            found = self.search_results.for_texts([self.query_text[q] for q in missing])
+            self._snippets.update(zip(missing, found))
+        return [query_prompt(self.query_text[q], self._snippets[q]) for q in query_ids]
 
     def _index_items(self, generator, seed: int) -> dict[str, list[str]]:
         sets = self._generate_keywords(generator, self._item_prompts(self.item_ids), "indexing items", seed=seed)
@@ -356,7 +367,8 @@ class CoGR(Method):
             self._say(f"Algorithm 1: {self.cfg.m_item_keywords} extractive keywords per item from G_0 = {name} "
                       "(not an LLM: see coevo/models/extractive.py)")
             extracted = extract_keywords([self.item_title[i] for i in self.item_ids],
-                                         [self.item_desc[i] for i in self.item_ids], self.cfg.m_item_keywords)
+                                         [item_description(self.item_desc[i], self.cfg.item_context)
+                                          for i in self.item_ids], self.cfg.m_item_keywords)
             item_sets = dict(zip(self.item_ids, extracted))
         else:
             item_sets, fallbacks = self._sample_seed_keywords(name)
@@ -452,16 +464,12 @@ class CoGR(Method):
                 gens = {QUERY: self._new_generator(self.cfg.generator), ITEM: self._new_generator(self.cfg.generator)}
         if self.cfg.sft_init:
             item_sets, query_sets = self.seed_targets()
+            targets = {q: k for q, k in query_sets.items() if k and q in self.train_qrels}
             examples = {
-                QUERY: [
-                    {"prompt": query_messages(self.query_text[q]), "completion": keyword_completion(k)}
-                    for q, k in query_sets.items()
-                    if k and q in self.train_qrels
-                ],
-                ITEM: [
-                    {"prompt": item_messages(self.item_title[i], self.item_desc[i]), "completion": keyword_completion(k)}
-                    for i, k in item_sets.items()
-                ],
+                QUERY: [{"prompt": p, "completion": keyword_completion(k)}
+                        for p, k in zip(self._query_prompts(list(targets)), targets.values())],
+                ITEM: [{"prompt": p, "completion": keyword_completion(k)}
+                       for p, k in zip(self._item_prompts(list(item_sets)), item_sets.values())],
             }
             scratch = self.run_dir / "scratch"
             if self.cfg.shared_generator:
@@ -512,7 +520,8 @@ class CoGR(Method):
             def reward_fn(completions: list[str], query_id: list[str], completion_ids=None) -> list[float]:
                 return reward(query_id, completions, truncated=truncated(completion_ids, completions))
 
-            rows = [{"prompt": query_messages(self.query_text[q]), "query_id": q, COMPLETION_IDS: None} for q in chosen]
+            rows = [{"prompt": p, "query_id": q, COMPLETION_IDS: None}
+                    for q, p in zip(chosen, self._query_prompts(list(chosen)))]
             side_sets = keywords["queries_train"]
         else:
             pool = list(self.item_ids)
@@ -524,8 +533,8 @@ class CoGR(Method):
             def reward_fn(completions: list[str], item_id: list[str], completion_ids=None) -> list[float]:
                 return reward(item_id, completions, truncated=truncated(completion_ids, completions))
 
-            rows = [{"prompt": item_messages(self.item_title[i], self.item_desc[i]), "item_id": i, COMPLETION_IDS: None}
-                    for i in chosen]
+            rows = [{"prompt": p, "item_id": i, COMPLETION_IDS: None}
+                    for i, p in zip(chosen, self._item_prompts(list(chosen)))]
             side_sets = keywords["items"]
         reward_fn.__name__ = f"{spec.kind}_reward"
         needed = kmax_budget_tokens(gens[spec.kind].tokenizer, side_sets, self.cfg.k_max)

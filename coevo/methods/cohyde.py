@@ -100,6 +100,7 @@ class CoHyDE(Method):
             "coevo.compute")
     plan_params = ("cohyde.rounds", "cohyde.early_stopping")
     table_metrics = ("ndcg@5", "recall@5")
+    paper_baseline = S1A
 
     def __init__(self, run_dir: str | Path, params: Params, dataset_dir: str | Path, *, progress: bool = False,
                  data_fingerprint: str | None = None, device: str | None = None) -> None:

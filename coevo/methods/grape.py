@@ -114,6 +114,7 @@ class Grape(Method):
     code = ("coevo.methods.base", "coevo.methods.grape", "coevo.models", "coevo.train", "coevo.rewards",
             "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime", "coevo.compute")
     table_metrics = ("recall@1", "recall@10", "mrr")
+    paper_baseline = RAW
 
     def __init__(self, run_dir: str | Path, params: Params, dataset_dir: str | Path, *, progress: bool = False,
                  data_fingerprint: str | None = None, device: str | None = None,

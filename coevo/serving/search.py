@@ -56,7 +56,6 @@ FILES = {
     "index": "index",
     "encoder": "encoder",
 }
-METHODS = ("cogr", "grape", "cohyde")
 DEFAULT_K = 10
 MAX_QUERY_CHARS = 2000
 # Query generation batch on CPU (the methods' own default; 64 on CUDA for CoGR).
@@ -270,18 +269,24 @@ class CoGRRetriever(Retriever):
         super().__init__(manifest, items, generator, params)
         from coevo.retrieval.bm25 import KeywordBM25
 
+        from coevo.methods.cogr_context import SearchResults
+
         self.item_keywords = {str(i): list(k) for i, k in item_keywords.items()}
         self.bm25 = KeywordBM25(self.item_keywords)
         self._position = {item: i for i, item in enumerate(self.bm25.item_ids)}
+        # The method's query context (cogr.query_context): the same BM25 snippets its evaluation put in the
+        # prompts. A model saved before the setting existed had none.
+        self.search_results = SearchResults.from_params(self.items, self.settings.get("context", {}))
 
     def generate(self, queries: Sequence[str]) -> list[list[str]]:
         # The method's keyword generation (CoGR._generate_keywords, local backend): greedy,
-        # parsed, normalised, cut at k_max.
-        from coevo.models.prompts import query_messages
+        # parsed, normalised, cut at k_max, from the method's own query prompts.
+        from coevo.methods.cogr_context import query_prompt
         from coevo.retrieval.keywords import parse_keywords
 
+        snippets = self.search_results.for_texts(queries) if self.search_results else [() for _ in queries]
         outputs = self.generator.generate(
-            [query_messages(q) for q in queries], batch_size=_generation_batch(),
+            [query_prompt(q, s) for q, s in zip(queries, snippets)], batch_size=_generation_batch(),
             temperature=0.0, max_new_tokens=self.settings["max_new_tokens"], seed=self.manifest["seed"],
             progress=False, description="query keywords")
         return [list(parse_keywords(out[0]).keywords[: self.settings["k_max"]]) for out in outputs]
@@ -328,7 +333,9 @@ class CoGRRetriever(Retriever):
         index = run._index_of(phase)
         generator = run._load_generators(index)[QUERY]
         cfg = params.cogr
-        settings = {"k_max": cfg.k_max, "max_new_tokens": cfg.sampling.max_new_tokens}
+        settings = {"k_max": cfg.k_max, "max_new_tokens": cfg.sampling.max_new_tokens,
+                    "context": {"query_context": cfg.query_context, "item_context": cfg.item_context,
+                                "search_results": cfg.search_results.model_dump(mode="json")}}
         manifest = _manifest("cogr", run, phase, cfg.generator, settings)
         return cls(manifest, _items_table(run.dataset), generator, run.keywords(index)["items"],
                    params.model_dump(mode="json"))

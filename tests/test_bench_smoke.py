@@ -1,0 +1,244 @@
+"""Every script in bench/ runs at a tiny scale and prints its last line in its documented format.
+
+Benchmarks are scripts, not tests (README, "Benchmarks"), so nothing else imports them, and a
+change of a library signature or a knob name breaks them silently. Each test here runs one
+script as a user would (a subprocess from the project root, its real code path) with the
+smallest arguments that still go through every stage: the `tiny` random generator, the
+committed sample under data/sample/, a handful of items, queries and steps, one torch thread.
+The figures mean nothing at this scale; the test checks the exit status and the exact format
+of the script's last line (and, where the script reports one, its own correctness check).
+
+`test_every_bench_script_has_a_smoke_run` fails when a script is added to bench/ without one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT, SAMPLE_DIR
+
+BENCH = REPO_ROOT / "bench"
+FLOAT = r"[-+]?\d+\.\d+"
+# bench script -> the test below that runs it
+SMOKED = {
+    "rewards.py": "test_rewards",
+    "rank_reward.py": "test_rank_reward",
+    "cohyde_round.py": "test_cohyde_round",
+    "train_step.py": "test_train_step",
+    "scale_out.py": "test_scale_out",
+    "serve.py": "test_serve",
+    "pipeline_overhead.py": "test_pipeline_overhead",
+    "staleness_table.py": "test_staleness_table",
+    "mlflow_screenshot.py": "test_mlflow_screenshot",
+    "gpu_check.sh": "test_gpu_check_dry_run",
+    "efficacy.py": "test_efficacy",
+}
+
+
+def run_bench(command: list[str], *, timeout: float, env: dict[str, str] | None = None) -> list[str]:
+    """Run ``command`` from the project root on one thread; its non-empty stdout lines."""
+    full_env = {
+        **os.environ,
+        "COEVO_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        **(env or {}),
+    }
+    result = subprocess.run(command, cwd=REPO_ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, (f"{' '.join(command)} exited {result.returncode}\n--- stdout\n"
+                                    f"{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-8000:]}")
+    lines = [line.rstrip() for line in result.stdout.splitlines() if line.strip()]
+    assert lines, f"{' '.join(command)} printed nothing on stdout\n--- stderr\n{result.stderr[-4000:]}"
+    return lines
+
+
+def script(name: str, *args: str) -> list[str]:
+    return [sys.executable, str(BENCH / name), *args]
+
+
+def last_line(lines: list[str], pattern: str) -> re.Match:
+    match = re.fullmatch(pattern, lines[-1])
+    assert match, f"last line {lines[-1]!r} does not match {pattern!r}; output ended:\n" + "\n".join(lines[-15:])
+    return match
+
+
+def test_every_bench_script_has_a_smoke_run():
+    scripts = {p.name for p in BENCH.iterdir() if p.is_file() and p.suffix in (".py", ".sh")}
+    assert scripts == set(SMOKED), f"bench/ scripts without a smoke run here: {sorted(scripts - set(SMOKED))}; " \
+                                   f"smoke runs of scripts that are gone: {sorted(set(SMOKED) - scripts)}"
+    missing = [test for test in SMOKED.values() if test not in globals()]
+    assert not missing, missing
+
+
+# ------------------------------------------------------------------ synthetic, seconds
+def test_rewards():
+    lines = run_bench(script("rewards.py", "--items", "300", "--queries", "100", "--rel-per-query", "5",
+                             "--vocab", "500", "--group-size", "4", "--groups-per-batch", "8", "--item-rewards", "64",
+                             "--naive-rewards", "2", "--query-rewards", "64"), timeout=300)
+    bad = [line for line in lines if not re.fullmatch(rf"\w+=(?:{FLOAT}|\d+|{FLOAT}e[-+]\d+)", line)]
+    assert not bad, f"not `name=value`: {bad}"  # "One figure per line, `name=value`"
+    figures = dict(line.split("=", 1) for line in lines)
+    assert float(figures["max_abs_diff_incremental_vs_naive"]) < 1e-9  # incremental == naive reward
+    last_line(lines, r"speedup_vs_naive=\d+")
+
+
+def test_rank_reward():
+    lines = run_bench(script("rank_reward.py", "--queries", "8", "--sizes", "500", "2000", "--dim", "16",
+                             "--repeats", "1"), timeout=300)
+    assert sum(line.startswith("N=") for line in lines) == 2
+    last_line(lines, r"ratio \(full sort time / exact_ranks time\): N=500: x\d+\.\d, N=2,000: x\d+\.\d")
+
+
+# ------------------------------------------------------------------ tiny models
+@pytest.mark.slow
+def test_cohyde_round(tmp_path):
+    from tests.test_cohyde_train import _small_stabletoolbench
+
+    dataset = _small_stabletoolbench(tmp_path)
+    lines = run_bench(script("cohyde_round.py", "--dataset", str(dataset), "--generators", "tiny", "--queries", "4",
+                             "--max-new-tokens", "8", "--warmup-examples", "4", "--search-items", "200",
+                             "--search-queries", "20", "--repeats", "1"), timeout=600)
+    stages = [line.split(None, 1)[1].rsplit(None, 5)[0].strip() for line in lines if line.startswith("tiny ")]
+    for stage in ("S2 generate", "S3 encoder + index", "S4 sample", "S4 score", "DPO"):
+        assert stage in stages, (stage, stages)
+    assert re.search(r"^\s+200\s+20\s+384\s+5\s.*x\s+1\.000$", "\n".join(lines), re.M)  # faiss == numpy top-1
+    last_line(lines, rf"faiss_vs_numpy={FLOAT}")
+
+
+@pytest.mark.slow
+def test_train_step(tmp_path):
+    lines = run_bench(script("train_step.py", "--models", "tiny", "--isa", "native", "--steps", "1"), timeout=600,
+                      env={"TMPDIR": str(tmp_path)})
+    last_line(lines, rf"coevo_step_vs_raw_tiny_native={FLOAT}")
+
+
+@pytest.mark.slow
+def test_scale_out():  # no TMPDIR here: Ray's socket paths under pytest's tmp_path exceed 107 bytes
+    lines = run_bench(script("scale_out.py", "--model", "tiny", "--items", "4", "--embed-items", "8",
+                             "--max-new-tokens", "4", "--batch-size", "4", "--index-items", "200",
+                             "--queries", "100"), timeout=600)
+    ray_rows = [line.split() for line in lines if re.match(r"(generate|embed)\s+ray_[12]w\s", line)]
+    assert len(ray_rows) == 4 and all(row[-1] == "True" for row in ray_rows), ray_rows  # Ray == local outputs
+    last_line(lines, rf"ray_2w_vs_local={FLOAT}")
+
+
+@pytest.mark.slow
+def test_serve(tmp_path):
+    lines = run_bench(script("serve.py", "--requests", "2", "--methods", "cogr", "--generators", "tiny",
+                             "--tools", "4", "--queries-per-tool", "4", "--workdir", str(tmp_path / "work")),
+                      timeout=600)
+    assert any(line.startswith('{"generator": "tiny", "method": "cogr"') for line in lines)
+    last_line(lines, rf"serve_overhead_ratio={FLOAT}   \(cogr with tiny; the target is for cogr with smollm2-135m\)")
+
+
+def test_serve_settings_are_valid_knobs():
+    """The other methods' serve settings (their serve runs take a minute each) still load."""
+    from coevo.config import load_params
+
+    spec = importlib.util.spec_from_file_location("serve_bench", BENCH / "serve.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.SETTINGS) == {"cogr", "grape", "cohyde"}
+    for method, settings in module.SETTINGS.items():
+        load_params(REPO_ROOT / "params.yaml", ["seed=0", f"{method}.generator=tiny", *settings])
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run(tmp_path):
+    work = tmp_path / "gpu-check"
+    lines = run_bench(["bash", str(BENCH / "gpu_check.sh")], timeout=600,
+                      env={"GPU_CHECK_DRY": "1", "PYTHON": sys.executable, "WORK": str(work)})
+    assert lines[0] == "gpu_check: dry run on CPU (toy shape; numbers mean nothing)"
+    phases = [line.split()[0] for line in lines if re.match(r"0\d_(sft|query|item)\s", line)]
+    assert phases == ["00_sft", "01_query", "02_item"]
+    last_line(lines, rf"gpu_check: done in \d+s; work files in {re.escape(str(work))}")
+
+
+# ------------------------------------------------------------------ whole pipelines (tiny CoGR flow)
+@pytest.mark.slow
+@pytest.mark.java
+def test_pipeline_overhead(tmp_path):
+    lines = run_bench(script("pipeline_overhead.py", "--queries", "4", "--rounds", "0"), timeout=900,
+                      env={"TMPDIR": str(tmp_path)})
+    forced = next(line for line in lines if line.startswith("forced_flow_rerun_s="))
+    assert re.search(r"tasks executed/cached: 0/\d+\)$", forced), forced  # a forced re-run only hits the cache
+    last_line(lines, rf"cached_rerun_ratio={FLOAT}   \(target <= 0\.10\)")
+
+
+@pytest.mark.slow
+@pytest.mark.java
+def test_staleness_table(tmp_path):
+    lines = run_bench(script("staleness_table.py", "--change", "final split"), timeout=900,
+                      env={"TMPDIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect-home")})
+    rows = [line for line in lines if line.startswith("| final split")]
+    assert len(rows) == 1 and rows[0].endswith("| yes |") and "final evaluation (val)" in rows[0], rows
+    last_line(lines, r"identical=True")
+
+
+@pytest.mark.slow
+@pytest.mark.java
+def test_efficacy(tmp_path):
+    """CoGR's efficacy run on 80 sample queries: seeds, SFT and one round of 2 GRPO steps a side."""
+    lines = run_bench(script("efficacy.py", "--method", "cogr", "--data", str(SAMPLE_DIR / "metatool"),
+                             "--budget-min", "5", "--queries", "80", "--out", str(tmp_path / "out"),
+                             "--set", "cogr.generator=tiny", "--set", "cogr.seed_generator=null",
+                             "--set", "cogr.max_empty_share=1.0", "--set", "cogr.rounds=1",
+                             "--set", "cogr.sft.epochs=1", "--set", "cogr.grpo.max_prompts_per_phase=4",
+                             "--set", "cogr.grpo.num_generations=2", "--set", "cogr.grpo.batch_size=4",
+                             "--set", "cogr.grpo.max_completion_length=8", "--set", "cogr.sampling.max_new_tokens=8"),
+                      timeout=600)
+    assert re.fullmatch(rf"cogr_gain_ci_low={FLOAT}", lines[-2]), lines[-2]
+    assert (tmp_path / "out" / "curves.png").is_file()
+    last_line(lines, rf"cogr_vs_baseline_ci_low={FLOAT}")
+
+
+# ------------------------------------------------------------------ MLflow UI screenshot
+def _store_with_runs(tmp_path: Path, runs: int = 2) -> tuple[str, list[str]]:
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("cogr", artifact_location=(tmp_path / "mlruns").as_uri())
+    ids = []
+    for i in range(runs):
+        run = client.create_run(experiment, run_name=f"run-{i}")
+        client.log_metric(run.info.run_id, "test/f1", 0.1 * i)
+        client.set_terminated(run.info.run_id)
+        ids.append(run.info.run_id)
+    return uri, ids
+
+
+def test_mlflow_screenshot_page(tmp_path):
+    """The page the screenshot opens (no browser needed): the latest runs' comparison, or the run list."""
+    spec = importlib.util.spec_from_file_location("mlflow_screenshot_bench", BENCH / "mlflow_screenshot.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    uri, ids = _store_with_runs(tmp_path)
+    compare = module.page(uri, "cogr", 4, "compare")
+    assert compare.startswith("#/compare-runs?runs=") and compare.endswith("&workflowType=machine_learning")
+    assert all(run_id in compare for run_id in ids)
+    assert re.fullmatch(r"#/experiments/\d+\?workflowType=machine_learning", module.page(uri, "cogr", 4, "runs"))
+    with pytest.raises(SystemExit, match="no experiment 'grape'"):
+        module.page(uri, "grape", 4, "compare")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")),
+                    reason="no Chromium on this machine (Debian: apt-get install -y chromium)")
+def test_mlflow_screenshot(tmp_path):
+    uri, _ = _store_with_runs(tmp_path)
+    out = tmp_path / "shot.png"
+    lines = run_bench(script("mlflow_screenshot.py", "--tracking-uri", uri, "--experiment", "cogr", "--runs", "2",
+                             "--out", str(out), "--size", "800,600", "--wait-ms", "2000"), timeout=300)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/#/compare-runs\?runs=.+", lines[-2]), lines[-2]
+    last_line(lines, rf"saved {re.escape(str(out))}")

@@ -1,0 +1,96 @@
+"""tests/run_by_file.py: every failing file counts in the closing line, by name (issue 24).
+
+Tiny test files in a temporary tests/ folder: passing, failing, crashing (os._exit, SIGSEGV),
+hanging past a short per-file timeout, empty on purpose and empty by accident."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests import run_by_file
+
+FILES = {
+    "test_a_pass.py": """
+        import pytest
+        def test_one(): pass
+        def test_two(): pass
+        def test_skipped(): pytest.skip("not here")
+    """,
+    "test_b_fail.py": """
+        def test_ok(): pass
+        def test_fails(): assert 1 == 2
+    """,
+    "test_c_crash.py": """
+        import os
+        def test_ok(): pass
+        def test_crashes(): os._exit(3)
+        def test_never_runs(): pass
+    """,
+    "test_d_sleep.py": """
+        import time
+        def test_ok(): pass
+        def test_hangs(): time.sleep(600)
+    """,
+    "test_e_empty.py": "HELPERS = 1\n",
+    "test_f_lost.py": "# its tests were lost\n",
+    "test_g_segv.py": """
+        import os, signal
+        def test_segfaults(): os.kill(os.getpid(), signal.SIGSEGV)
+    """,
+}
+TIMEOUT_S = 20  # well above a tiny file's pytest start-up on a busy machine
+
+
+def _tests_dir(root: Path, files: dict[str, str]) -> Path:
+    tests = root / "tests"
+    tests.mkdir()
+    for name, body in files.items():
+        (tests / name).write_text(textwrap.dedent(body))
+    return tests
+
+
+def test_crashed_and_timed_out_files_count_as_failed_by_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(run_by_file.TIMEOUT_ENV, str(TIMEOUT_S))
+    tests = _tests_dir(tmp_path, FILES)
+    rc = run_by_file.main(["-p", "no:cacheprovider"], tests_dir=tests, empty_ok={"test_e_empty.py"})
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 1
+    assert lines[-1] == (
+        "5 passed, 5 failed, 1 skipped; failing: test_b_fail.py (1 failed), test_c_crash.py (crashed: exit 3), "
+        f"test_d_sleep.py (timed out after {TIMEOUT_S}s), test_f_lost.py (no tests collected), "
+        "test_g_segv.py (crashed: signal SIGSEGV)"
+    )
+    assert lines[-2].startswith("files: 5 failing ['test_b_fail.py', 'test_c_crash.py', 'test_d_sleep.py', "
+                                "'test_f_lost.py', 'test_g_segv.py']; ")
+    per_file = {line.split(":", 1)[0]: line for line in lines if line.startswith("test_")}
+    assert per_file["test_a_pass.py"].endswith("(rc=0)") and "2 passed, 1 skipped" in per_file["test_a_pass.py"]
+    assert per_file["test_c_crash.py"].endswith("(rc=3); crashed: exit 3")
+    assert per_file["test_d_sleep.py"] == f"test_d_sleep.py: timed out after {TIMEOUT_S}s, killed"
+    assert per_file["test_e_empty.py"].endswith("(rc=5)")
+
+
+def test_all_passing_and_deselected_files_pass(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(run_by_file.TIMEOUT_ENV, "0")  # 0: no timeout
+    tests = _tests_dir(tmp_path, {"test_a_pass.py": FILES["test_a_pass.py"],
+                                  "test_h_other.py": "def test_other(): pass\n"})
+    assert run_by_file.main(["-p", "no:cacheprovider", "-k", "one or skipped"], tests_dir=tests) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "1 deselected" in lines[1] and lines[1].endswith("(rc=5)")  # -k chose none of its tests
+    assert lines[-1] == "1 passed, 0 failed, 1 skipped"
+
+
+def test_timeout_setting():
+    assert run_by_file.DEFAULT_TIMEOUT_S >= 1200  # above pytest-timeout's per-test limit
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(run_by_file.TIMEOUT_ENV, raising=False)
+        assert run_by_file.timeout_from_env() == run_by_file.DEFAULT_TIMEOUT_S
+        mp.setenv(run_by_file.TIMEOUT_ENV, "90")
+        assert run_by_file.timeout_from_env() == 90
+        mp.setenv(run_by_file.TIMEOUT_ENV, "0")
+        assert run_by_file.timeout_from_env() is None
+        mp.setenv(run_by_file.TIMEOUT_ENV, "soon")
+        with pytest.raises(SystemExit, match=run_by_file.TIMEOUT_ENV):
+            run_by_file.timeout_from_env()
