@@ -123,22 +123,3 @@ def test_a_failure_names_the_log_holding_its_traceback_and_verbose_keeps_everyth
     assert "Traceback" in verbose.stderr  # --verbose: the traceback on screen, nothing sent to a log
     assert sorted(p.name for p in (project / "logs").iterdir()) == [Path(log_path).name]
 
-
-@pytest.mark.slow
-def test_coevo_train_follows_the_same_terminal_rule(tmp_path):
-    project = make_project(tmp_path / "p")
-    for stage in ("prepare", "validate"):
-        assert cli(project, "run", "cogr", "--stage", stage).returncode == 0
-    proc = cli(project, "train", "cogr", "--set", "cogr.rounds=1")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    screen = proc.stdout + proc.stderr
-    assert not [n for n in NOISE if n in screen], screen
-    first = re.match(r"^library output: (logs/coevo-train-cogr-\d{8}-\d{6}(-\d+)?\.log)$", proc.stderr.splitlines()[0])
-    assert first, proc.stderr
-    done = [l for l in proc.stdout.splitlines() if l.startswith("done ")]
-    assert [l.split(" f1=")[0] for l in done] == ["done Algorithm 1 seeds", "done SFT", "done round 1 query GRPO",
-                                                   "done round 1 item GRPO"], done
-    assert all(re.fullmatch(r".+ f1=\d\.\d{4} recall@100=\d\.\d{4} ndcg@10=\d\.\d{4}", l) for l in done[1:]), done
-    assert "CoGR on the val split" in proc.stdout and "best phase on val:" in proc.stdout
-    log = (project / first.group(1)).read_text()
-    assert "{'loss'" in log and "it/s]" in log

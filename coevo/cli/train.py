@@ -107,12 +107,8 @@ def _command(method: str, doc: str, vllm: bool) -> None:
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
         use_vllm: bool = False,
     ) -> None:
-        from coevo.cli.run import library_output, run_errors
-
         state = TrainState(method)
-        # As `coevo run`: trainer dictionaries, progress bars and warnings go to logs/coevo-train-<method>-*.log
-        # (named on screen); the screen keeps one line per finished phase and the results table.
-        with run_errors(state, verbose), library_output(state, verbose):
+        with user_errors(verbose, state.interrupted):
             _train(method, params, set_, data, out, quiet, state, **({"use_vllm": True} if use_vllm else {}))
 
     _declare_vllm(command, vllm)
