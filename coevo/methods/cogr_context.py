@@ -91,7 +91,7 @@ class SearchResults:
         if self._index_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="coevo-cogr-snippets-")
             self._index_dir = Path(self._tmp.name) / "index"
-        if not (self._index_dir / "segments_1").exists() and not any(self._index_dir.glob("segments_*")):
+        if not any(self._index_dir.glob("segments_*")):  # a complete Lucene index has a segments file
             docs = ((str(i), f"{_text(t)} {_text(x)}".strip())
                     for i, t, x in zip(self.items["item_id"], self.items["title"], self.items["text"], strict=True))
             build_lucene_index(docs, self._index_dir)
