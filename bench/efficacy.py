@@ -190,13 +190,14 @@ def train_within(pipe: Any, budget_s: float, started: float, term: "Terminal", h
     """Run the pending phases while the budget lasts; returns (phases run here, why training stopped)."""
     last_seconds: dict[str, float] = {}
     ran = []
+    evaluated = False  # the budget may stop training only once a phase with a val score (a model) exists
     for step in pipe.train_steps():
         name = step.name.split("-", 1)[1]
         elapsed = time.perf_counter() - started
         expected = last_seconds.get(kind_of(name), 0.0)
-        if ran and elapsed >= budget_s:
+        if evaluated and elapsed >= budget_s:
             return ran, f"budget spent before {name}"
-        if ran and elapsed + expected > budget_s:
+        if evaluated and elapsed + expected > budget_s:
             return ran, (f"budget: {name} would end near {(elapsed + expected) / 60:.0f} min "
                          f"(the last {kind_of(name)} phase took {expected / 60:.1f} min)")
         was_done = step.done()
@@ -205,6 +206,7 @@ def train_within(pipe: Any, budget_s: float, started: float, term: "Terminal", h
         seconds = time.perf_counter() - began
         last_seconds[kind_of(name)] = record.get("seconds", seconds) if was_done else seconds
         ran.append(name)
+        evaluated = evaluated or bool(record.get("eval"))
         term.say(("(reused) " if was_done else "") + phase_line({"name": name, **record}, headline, seconds))
     return ran, "all planned phases ran (or early stopping ended training)"
 

@@ -3,9 +3,11 @@
     .venv/bin/python bench/staleness_table.py [--change TEXT ...] [--keep]
 
 In a throw-away copy of the project (tiny model, toy MetaTool data, one round), the full
-pipeline runs once; then each change is applied, both commands run in their own copy of
-that finished project, and the steps each one actually executed (its "done in" lines) are
-listed. The two columns must be identical: both go through the same keys (coevo/steps.py).
+pipeline runs once and leaves its DVC record; then each change is applied, both commands run
+in their own copy of that finished project, and the steps each one actually executed (its
+"done in" lines) are listed. A knob changes in the file each command reads: params.yaml for
+`coevo run`, the run's record records/cogr.yaml for `dvc repro` (what `dvc exp run -S
+records/cogr.yaml:<key>=<value>` does). The two columns must be identical: both go through the same keys (coevo/steps.py).
 ``--change`` keeps only the changes whose name contains TEXT (repeatable). The last line is
 ``identical=True|False``.
 """
@@ -32,25 +34,25 @@ from conftest import make_project  # noqa: E402  (the toy project of the flow te
 
 
 def set_param(key: str, value) -> callable:
-    def apply(root: Path) -> None:
-        params = yaml.safe_load((root / "params.yaml").read_text())
+    def apply(root: Path, params_file: str) -> None:
+        params = yaml.safe_load((root / params_file).read_text())
         node = params
         *parents, leaf = key.split(".")
         for part in parents:
             node = node[part]
         node[leaf] = value
-        (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        (root / params_file).write_text(yaml.safe_dump(params, sort_keys=False))
     return apply
 
 
-def edit_data(root: Path) -> None:
+def edit_data(root: Path, params_file: str) -> None:
     csv = root / "toy" / "all_clean_data.csv"
     lines = csv.read_text().splitlines()
     lines[1] = lines[1].replace(",", " today,", 1)  # one query's text changes
     csv.write_text("\n".join(lines) + "\n")
 
 
-def edit_library(root: Path) -> None:
+def edit_library(root: Path, params_file: str) -> None:
     with (root / "coevo" / "rewards" / "cogr.py").open("a") as f:
         f.write("\n# an edit to a library file the phases run\n")
 
@@ -99,17 +101,17 @@ def main() -> None:
         for cmd in (["git", "init", "-q"], [str(BIN / "dvc"), "init", "-q"], ["git", "add", "-A"],
                     ["git", "commit", "-qm", "toy"]):
             subprocess.run(cmd, cwd=base, env=env, check=True, capture_output=True)
-        # The finished pipeline every change starts from: one `coevo run`, then dvc.lock records it
-        # (what `dvc repro` would write, without a Prefect server start per stage).
+        # The finished pipeline every change starts from: one `coevo run`, which leaves its DVC
+        # record (records/cogr.yaml, dvc.yaml, dvc.lock: what `dvc repro` would write).
         run([str(BIN / "coevo"), "run", "cogr"], base, env)
-        run([str(BIN / "dvc"), "commit", "--force", "dvc.yaml"], base, env)
         rows = []
         for name, change in changes.items():
             results = {}
-            for tool, cmd in (("coevo run", [str(BIN / "coevo"), "run", "cogr"]), ("dvc repro", [str(BIN / "dvc"), "repro"])):
+            for tool, cmd, params_file in (("coevo run", [str(BIN / "coevo"), "run", "cogr"], "params.yaml"),
+                                           ("dvc repro", [str(BIN / "dvc"), "repro"], "records/cogr.yaml")):
                 copy = work / f"{len(rows)}-{tool.split()[0]}"
                 shutil.copytree(base, copy, symlinks=True)
-                change(copy)
+                change(copy, params_file)
                 results[tool] = executed(run(cmd, copy, {**env, "PYTHONPATH": str(copy)}))
             rows.append((name, results))
         print("| change | coevo run re-ran | dvc repro re-ran | same |")

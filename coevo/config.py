@@ -166,6 +166,18 @@ class TrackingParams(Section):
     )
 
 
+class DvcParams(Section):
+    record: StrictBool = Field(
+        description="After a whole `coevo run` in a DVC project (`dvc init`): write the params it resolved to "
+        "records/<method>.yaml and dvc.yaml from the records, record its outputs in dvc.lock and DVC's cache, and save "
+        "it as a DVC experiment (`dvc exp show`, `dvc exp apply`). False: the run leaves no DVC record."
+    )
+    push: StrictBool = Field(
+        description="Also `dvc push` the recorded outputs to the project's default DVC remote (`dvc remote add -d`). "
+        "False by default: nothing is uploaded unless asked."
+    )
+
+
 class BootstrapParams(Section):
     resamples: StrictInt = Field(
         ge=1000, le=1_000_000,
@@ -619,6 +631,7 @@ class Params(Section):
     seed: StrictInt = Field(ge=0, description="Seed of every random choice (splits, sampling, training).")
     data: DataParams = Field(description="The data set: where it comes from and how it is split.")
     tracking: TrackingParams = Field(description="MLflow tracking.")
+    dvc: DvcParams = Field(description="The DVC record every run leaves: params, stages, outputs, an experiment.")
     evaluation: EvaluationParams = Field(description="The final evaluation of every method.")
     compute: ComputeParams = Field(
         description="Where corpus-wide generation and embedding run: in process (local) or on a Ray cluster."

@@ -12,17 +12,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
 from prefect import get_run_logger
 
 from coevo import progress, report
-from coevo.config import load_params
+from coevo.config import load_params, load_tree
+from coevo.dvc_record import Record, RecordError, record_run
 from coevo.lock import exclusive_run
 from coevo.io import write_json
 from coevo.pipeline import ALL, Pipeline, check_stage, wants
 from coevo.steps import fingerprint
 from tasks.registry import publish
 from tasks.steps import execute, fan_out
-from tasks.tracking import Tracker, check_reachable, git_commit
+from tasks.tracking import Tracker, check_reachable, git_commit, run_name
 
 
 @exclusive_run  # one run per run folder; the MLflow database created once (coevo.lock)
@@ -47,9 +49,17 @@ def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Seque
                  experiment=pipe.name) as tracker:
         tracker.log_params(params.flat())
         tracker.set_tags({**_tags(pipe), "coevo.stage": stage})
+        resolved = load_tree(_paths(params_path), list(overrides or []))  # as parsed above, before validation
+        tracker.log_text(yaml.safe_dump(resolved, sort_keys=False), "params.yaml")  # one file, besides the params
         live = LiveSeries(tracker)
         _data_and_train(pipe, stage, train, live)
-        return evaluate(pipe, tracker, live)
+        tracker.log_input(pipe.layout.processed, name=pipe.layout.dataset, digest=fingerprint(pipe.layout.processed))
+        # a whole run leaves its DVC record (its resolved params); a single stage is DVC's to record
+        return evaluate(pipe, tracker, live, resolved=resolved if stage == ALL else None, stage=stage)
+
+
+def _paths(params_path: str | Sequence[str]) -> list[str]:
+    return [params_path] if isinstance(params_path, str) else list(params_path)
 
 
 class LiveSeries:
@@ -84,7 +94,8 @@ def _data_and_train(pipe: Pipeline, stage: str, train: Any, live: LiveSeries | N
                     live.log(pipe.method)
 
 
-def evaluate(pipe: Pipeline, tracker: Tracker, live: LiveSeries) -> dict[str, Any]:
+def evaluate(pipe: Pipeline, tracker: Tracker, live: LiveSeries, resolved: dict[str, Any] | None = None,
+             stage: str = ALL) -> dict[str, Any]:
     steps = pipe.evaluate_steps()
     independent = {b.name for b in pipe.baseline_steps()}
     # The baselines depend on the data only: with compute.backend=ray they run as Prefect tasks on
@@ -112,11 +123,26 @@ def evaluate(pipe: Pipeline, tracker: Tracker, live: LiveSeries) -> dict[str, An
     tracker.log_artifact(lay.plots_csv, "plots")
     tracker.log_artifact(lay.report_dir, "report")
     tracker.log_artifact(lay.validation_dir, "data_validation")
-    registry = publish(pipe, tracker, table=table, final=final)  # MLflow model, challenger, champion gate
+    name = run_name(pipe.name, lay.dataset, stage)
+    record = record_dvc(pipe, resolved, name) if resolved is not None else None
+    if record is not None:
+        tracker.set_tags(record.tags())
+    registry = publish(pipe, tracker, table=table, final=final, run_label=name,  # MLflow model, challenger, champion gate
+                       version_tags=record.tags() if record is not None else None)
     out = summary(pipe, rows, tracker, best_phase=final["best_phase"], table_metrics=table["columns"], registry=registry,
+                  dvc=record.as_dict() if record is not None else None,
                   evaluation={k: table[k] for k in ("split", "n_queries", "best_baseline", "comparisons")})
     write_json(pipe.summary_path, out)  # what the CLI prints when nothing needs to run
     return out
+
+
+def record_dvc(pipe: Pipeline, resolved: dict[str, Any], experiment: str) -> Record:
+    """The run's DVC record (coevo.dvc_record); a failing DVC command is reported, the trained run kept."""
+    try:
+        return record_run(pipe.name, pipe.params, resolved, experiment)
+    except RecordError as exc:
+        logger().warning("no DVC record of this run: %s", exc)
+        return Record(pipe.name, skipped=str(exc))
 
 
 def _tags(pipe: Pipeline) -> dict[str, str]:

@@ -54,7 +54,8 @@ def _final_values(final: Mapping[str, Any] | None, phase: str, metric: str) -> d
 
 
 def publish(pipe: Any, tracker: Tracker, *, table: Mapping[str, Any] | None = None,
-            final: Mapping[str, Any] | None = None, stage: str | None = None) -> dict[str, Any]:
+            final: Mapping[str, Any] | None = None, stage: str | None = None, run_label: str | None = None,
+            version_tags: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Log, register and gate the run's retriever (see the module notes); returns the decision."""
     from coevo.serving.pyfunc import log_retriever, tracking_uri, version_evaluator
 
@@ -67,6 +68,7 @@ def publish(pipe: Any, tracker: Tracker, *, table: Mapping[str, Any] | None = No
         "coevo.method": method, "coevo.dataset": lay.dataset, "coevo.dataset_dir": str(Path(lay.processed).resolve()),
         "coevo.data_fingerprint": manifest["data_fingerprint"], "coevo.phase": manifest["phase"],
         "coevo.phase_key": manifest["phase_key"], "coevo.generator": manifest["generator"], "git.commit": sha,
+        **(version_tags or {}),  # the run's DVC record: checkpoint md5, experiment (coevo.dvc_record)
     }
     with tracking_uri(tracker.uri):
         with active_run(tracker.run_id):
@@ -90,7 +92,7 @@ def publish(pipe: Any, tracker: Tracker, *, table: Mapping[str, Any] | None = No
         d = decision.difference
         tracker.log_metrics({f"gate/{metric}/difference": d["mean"], f"gate/{metric}/ci_low": d["ci_low"],
                              f"gate/{metric}/ci_high": d["ci_high"], f"gate/{metric}/p_value": d["p_value"]})
-    tracker.rename(run_name(method, lay.dataset, stage))
+    tracker.rename(run_label or run_name(method, lay.dataset, stage))
     rows = (table or {}).get("rows") or []
     columns = (table or {}).get("columns") or list(pipe.method_cls.table_metrics)
     tracker.describe(run_description(

@@ -50,6 +50,31 @@ MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 from coevo.checks import TrackingError, check_reachable  # noqa: E402,F401 - re-exported for the flows
 
 
+def init_tracking_store(uri: str) -> None:
+    """Create a local (sqlite) MLflow database once, under a lock beside it (``<db>.lock``).
+
+    MLflow creates its tables when a store is first opened; two processes doing that at once
+    on a fresh file fail (``table ... already exists``, ``duplicate column name``). Holding the
+    lock while the first store opens makes the other wait and then find the tables made.
+    Other stores need nothing. Every flow's :class:`Tracker` opens its store through it.
+    """
+    from urllib.parse import urlparse
+
+    from coevo.checks import sqlite_file
+
+    if urlparse(uri).scheme.lower() != "sqlite":
+        return
+    db = sqlite_file(uri)
+    if db is None:
+        return
+    from filelock import FileLock
+    from mlflow.tracking import MlflowClient  # imported before the lock: it takes seconds
+
+    db = db.resolve()
+    with FileLock(db.with_name(f"{db.name}.lock"), timeout=600, thread_local=False):
+        MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments(max_results=1)
+
+
 def git_commit(root: Path = Path(".")) -> tuple[str, bool]:
     """(commit sha or "unknown", whether tracked files differ from it)."""
     try:
@@ -97,10 +122,8 @@ class Tracker:
         import mlflow
         from mlflow.tracking import MlflowClient
 
-        from coevo.cli.common import init_tracking_store
-
-        # A flow started by `dvc repro` or a deployment (no CLI around it) creates a fresh sqlite
-        # store under the same lock as the CLI, so that two first runs do not race on its tables.
+        # Every flow (`coevo run`, `dvc repro`, a deployment) opens a fresh sqlite store under one
+        # lock, so that two first runs do not race on its tables.
         init_tracking_store(uri)
 
         self.uri = absolute_uri(uri)
@@ -181,6 +204,17 @@ class Tracker:
     def log_table(self, columns: Mapping[str, list[Any]], artifact_file: str) -> None:
         """A table the UI renders (Artifacts tab; Evaluation compares it across runs): {column: values}."""
         self.client.log_table(self.run_id, data=dict(columns), artifact_file=artifact_file)
+
+    def log_input(self, path: str | Path, *, name: str, digest: str, context: str = "training") -> None:
+        """A data set folder as the run's input (the run page's Datasets; ``digest`` = its DVC md5)."""
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.data.sources import LocalArtifactDatasetSource
+        from mlflow.entities import DatasetInput, InputTag
+        from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+        dataset = MetaDataset(LocalArtifactDatasetSource(str(Path(path).resolve())), name=name, digest=digest)
+        self.client.log_inputs(self.run_id, [DatasetInput(dataset=dataset._to_mlflow_entity(),
+                                                          tags=[InputTag(key=MLFLOW_DATASET_CONTEXT, value=context)])])
 
     def log_text(self, text: str, name: str, artifact_path: str | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:

@@ -85,9 +85,7 @@ def make_project(root: Path, *, with_code: bool = False) -> Path:
     for name in ("coevo", "tasks", "flows") if with_code else ("tasks", "flows"):
         shutil.copytree(REPO_ROOT / name, root / name, ignore=ignore)
     if with_code:
-        shutil.copytree(REPO_ROOT / "pipelines", root / "pipelines")
-        for name in ("dvc.yaml", ".dvcignore"):
-            shutil.copy(REPO_ROOT / name, root / name)
+        shutil.copy(REPO_ROOT / ".dvcignore", root / ".dvcignore")
     return root
 
 

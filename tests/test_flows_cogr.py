@@ -99,11 +99,18 @@ def test_full_run_logs_every_phase_to_mlflow(finished, chdir, tmp_path):
     assert tags["git.commit"] and tags["prefect.flow_run_id"] == summary["flow_run_id"]
     assert tags["dvc.md5.data/processed/toy"].endswith(".dir")
     assert tags["dvc.md5.data/models/cogr/toy"].endswith(".dir")
+    # Lineage: the prepared data set as the run's input, its digest the folder's DVC md5.
+    (data_input,) = mlrun.inputs.dataset_inputs
+    assert data_input.dataset.name == "toy" and data_input.dataset.digest == tags["dvc.md5.data/processed/toy"]
+    assert json.loads(data_input.dataset.source)["uri"].endswith("data/processed/toy")
+    assert tags["dvc.record"].startswith("none (not a DVC project")  # the toy project is no DVC repository
 
     artifacts = {a.path for a in client.list_artifacts(run_id)}
     for folder in ("report", "plots", "data_validation", "tables"):
         artifacts |= {a.path for a in client.list_artifacts(run_id, folder)}
     assert {"tables/results.json", "tables/differences.json", f"tables/per_query_{summary['best_phase']}.json"} <= artifacts
+    resolved = yaml.safe_load(Path(client.download_artifacts(run_id, "params.yaml", str(tmp_path))).read_text())
+    assert resolved == yaml.safe_load((root / "params.yaml").read_text())  # the params as one file
     results = json.loads(Path(client.download_artifacts(run_id, "tables/results.json", str(tmp_path))).read_text())
     assert results["columns"][:2] == ["label", "kind"] and len(results["data"]) == len(summary["rows"])
     assert {"metrics.json", "plots/cogr_phases.csv", "report/eval_f1.png", "report/keyword_dynamics.png",

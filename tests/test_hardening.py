@@ -310,8 +310,8 @@ def test_cli_commands_refuse_a_held_run_folder_before_any_work(tmp_path, chdir):
 
 
 OPEN_STORE = {
-    # the CLI, before it starts a flow
-    "cli": "from coevo.cli.common import init_tracking_store\n",
+    # the store alone (what every Tracker does first)
+    "store": "from tasks.tracking import init_tracking_store\n",
     # a flow started without the CLI (`dvc repro`, a deployment): the tracker of its MLflow run
     "flow": "from tasks.tracking import Tracker\n",
 }
@@ -324,7 +324,7 @@ def test_the_mlflow_database_is_created_once_by_runs_starting_together(tmp_path,
     their experiment at the same moment."""
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     ready = [tmp_path / f"ready{i}" for i in range(2)]
-    call = (f"init_tracking_store({uri!r})" if opener == "cli" else
+    call = (f"init_tracking_store({uri!r})" if opener == "store" else
             f"Tracker(uri={uri!r}, artifact_root={str(tmp_path / 'mlruns')!r}, experiment='cogr')")
     code = ("import sys, time\nfrom pathlib import Path\nimport mlflow.tracking\n" + OPEN_STORE[opener] +
             "Path(sys.argv[1]).touch()\n"

@@ -3,6 +3,7 @@
 - ``coevo/`` never imports the top-level ``tasks`` or ``flows`` folders (no cycle
   coevo -> flows -> tasks -> coevo; flows find the library, not the other way round);
 - ``coevo/models`` never imports ``coevo.train`` (train builds on models);
+- ``tasks/`` and ``flows/`` never import ``coevo.cli`` (orchestration runs without a CLI);
 - ``coevo/`` imports ``prefect`` only under ``coevo/cli/``, and ``mlflow`` only under
   ``coevo/cli/`` and ``coevo/serving/`` (the MLflow pyfunc model *is* the serving interface);
   the rest of the library is pure logic; orchestration and tracking live in tasks/ and flows/;
@@ -118,6 +119,15 @@ def _under(folder: str) -> Callable[[Path], bool]:
 def test_library_never_imports_tasks_or_flows():
     found = violations("coevo/ never imports the top-level tasks or flows",
                        _under("coevo"), lambda m: _is(m, "tasks", "flows"))
+    assert not found, "\n".join(found)
+
+
+def test_tasks_and_flows_never_import_the_cli():
+    """Orchestration builds on the library, never on its command line (a flow started by a
+    deployment has no CLI around it): the tracking store is opened by tasks/tracking.py."""
+    found = [imp.describe("tasks/ and flows/ never import coevo.cli")
+             for folder in ("tasks", "flows") for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+             for imp in imports_of(path) if _is(imp.module, "coevo.cli")]
     assert not found, "\n".join(found)
 
 

@@ -121,3 +121,20 @@ def test_a_local_store_must_be_an_sqlite_file(tmp_path: Path):
     (tmp_path / "folder.db").mkdir()
     with pytest.raises(TrackingError, match="is a folder"):
         check_reachable(f"sqlite:///{tmp_path}/folder.db")
+
+
+def test_coevo_ui_links_open_the_classic_model_training_pages(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from coevo.cli.run import model_training_links
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    cogr = client.create_experiment("cogr", artifact_location=(tmp_path / "mlruns").as_uri())
+    client.create_experiment("someone-else", artifact_location=(tmp_path / "other").as_uri())
+    links = dict(model_training_links(uri, "http://127.0.0.1:5000"))
+    assert links == {
+        "experiments": "http://127.0.0.1:5000/#/experiments?workflowType=machine_learning",
+        "cogr runs": f"http://127.0.0.1:5000/#/experiments/{cogr}?workflowType=machine_learning",
+        "model registry": "http://127.0.0.1:5000/#/models",
+    }

@@ -402,29 +402,3 @@ def stop_server(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         proc.wait(timeout=1)
     if Watchdog._instance is not None:
         Watchdog._instance.forget(pgid)
-
-
-# ------------------------------------------------------------------------- tracking store
-def init_tracking_store(uri: str) -> None:
-    """Create a local (sqlite) MLflow database once, under a lock beside it (``<db>.lock``).
-
-    MLflow creates its tables when a store is first opened; two processes doing that at once
-    on a fresh file fail (``table ... already exists``, ``duplicate column name``). Holding the
-    lock while the first store opens makes the other wait and then find the tables made.
-    Other stores need nothing. (Here, not in coevo.checks: only coevo/cli imports MLflow.)
-    """
-    from urllib.parse import urlparse
-
-    from coevo.checks import sqlite_file
-
-    if urlparse(uri).scheme.lower() != "sqlite":
-        return
-    db = sqlite_file(uri)
-    if db is None:
-        return
-    from filelock import FileLock
-    from mlflow.tracking import MlflowClient  # imported before the lock: it takes seconds
-
-    db = db.resolve()
-    with FileLock(db.with_name(f"{db.name}.lock"), timeout=600, thread_local=False):
-        MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments(max_results=1)

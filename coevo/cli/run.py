@@ -26,7 +26,6 @@ from coevo.cli.common import (
     EXIT_INTERRUPT,
     console,
     err_console,
-    init_tracking_store,
     interrupt_handled,
     resume_command,
     spawn_server,
@@ -226,8 +225,6 @@ def run_method(
             return summary
         with library_output(state, verbose) as log:
             _environment(verbose)
-            if wants(stage, "evaluate"):
-                init_tracking_store(params.tracking.uri)  # once, under a lock: runs started together do not race
             flow_fn = load_flow(method)
             start_local_prefect()
             from coevo import progress
@@ -353,6 +350,14 @@ def print_summary(summary: dict[str, Any]) -> None:
             console.print("  open it with: coevo ui")
     if summary.get("rows"):
         console.print(f"metrics: {summary['metrics_file']}   reports: {summary['report_dir']}")
+    record = summary.get("dvc")
+    if record and record.get("skipped"):
+        console.print(f"DVC record: none ({record['skipped']})", soft_wrap=True, highlight=False)
+    elif record:
+        pushed = ", pushed to the DVC remote" if record.get("pushed") else ""
+        console.print(f"DVC record: experiment {record['experiment']} ({record['record_file']}, dvc.yaml, dvc.lock"
+                      f"{pushed}); audit: `dvc repro -f` (every stage from the record), compare: `dvc exp show`",
+                      soft_wrap=True, highlight=False)
 
 
 def _method_command(method: str, doc: str) -> None:
@@ -390,11 +395,12 @@ def register_top_level(root: typer.Typer) -> None:
         with run_errors(state, verbose):
             console.print("[bold]coevo demo[/]: CoGR on data/sample/metatool with smollm2-135m (CPU), "
                           "params.yaml + params/cpu.yaml + params/demo.yaml", soft_wrap=True)
-            run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose, state=state)
-            console.print(
-                "next: `coevo ui` (MLflow at http://127.0.0.1:5000), `dvc repro` (pipeline), "
-                "`dvc metrics show`, `dvc plots show`", soft_wrap=True
-            )
+            summary = run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose, state=state)
+            audit = ("`dvc repro -f` re-runs every stage from records/cogr.yaml (its steps hit the cache by key), "
+                     "`dvc status`, `dvc exp show`" if (summary.get("dvc") or {}).get("experiment") else
+                     "`git init && dvc init`, then `coevo demo` again records the run for DVC")
+            console.print(f"next: `coevo ui` (MLflow at http://127.0.0.1:5000); audit with DVC: {audit}; "
+                          "`dvc metrics show`, `dvc plots show`", soft_wrap=True)
 
     @root.command("ui")
     def ui(
@@ -412,6 +418,22 @@ def register_top_level(root: typer.Typer) -> None:
 
 
 UI_START_TIMEOUT_S = 120.0
+# MLflow 3 opens on its GenAI views; this query parameter keeps the classic model-training view
+CLASSIC_VIEW = "workflowType=machine_learning"
+
+
+def model_training_links(uri: str, base: str) -> list[tuple[str, str]]:
+    """(label, URL) of the pages a model trainer opens: the experiments, each coevo method's runs, the registry."""
+    from mlflow.tracking import MlflowClient
+
+    from coevo.methods import SPECS
+
+    links = [("experiments", f"{base}/#/experiments?{CLASSIC_VIEW}")]
+    for experiment in MlflowClient(uri).search_experiments():
+        if experiment.name in SPECS:
+            links.append((f"{experiment.name} runs", f"{base}/#/experiments/{experiment.experiment_id}?{CLASSIC_VIEW}"))
+    links.append(("model registry", f"{base}/#/models"))
+    return links
 
 
 def _port_free(port: int) -> bool:
@@ -482,6 +504,8 @@ def serve_uis(params_path: Path, port: int, prefect: bool, prefect_port: int, wa
         _wait_until_serving("the MLflow UI", procs[0], f"http://127.0.0.1:{port}/health", timeout_s)
         console.print(f"MLflow UI:  http://127.0.0.1:{port}   (store {params.tracking.uri}, artifacts "
                       f"{params.tracking.artifact_root}/)", soft_wrap=True)
+        for label, url in model_training_links(params.tracking.uri, f"http://127.0.0.1:{port}"):
+            console.print(f"  {label:<20} {url}", soft_wrap=True, highlight=False)
         if prefect:
             _wait_until_serving("the Prefect UI", procs[1], f"http://127.0.0.1:{prefect_port}/api/health", timeout_s)
             console.print(f"Prefect UI: http://127.0.0.1:{prefect_port}")

@@ -235,7 +235,12 @@ def promote_command(
 ) -> None:
     """Move alias champion to the challenger when it beats the champion on the test split
     (95% paired-bootstrap CI of the headline-metric difference above 0), or when there is
-    no champion yet; otherwise keep the champion and say why."""
+    no champion yet; otherwise keep the champion and say why.
+
+    The champion's exact files: its model version's tags name the DVC experiment of the run
+    that trained it (dvc.experiment, dvc.experiment_rev) and its checkpoint folder's md5
+    (dvc.checkpoint_md5); `dvc exp apply <dvc.experiment>` brings that run's files back from
+    DVC's cache (after `dvc pull` on another machine), and `dvc status` confirms them."""
     with user_errors():
         from mlflow.tracking import MlflowClient
 
