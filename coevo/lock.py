@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import functools
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from coevo.io import read_json, write_json
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 class RunLocked(RuntimeError):
@@ -109,20 +106,3 @@ def run_lock(run_dir: str | Path, what: str = "") -> Iterator[Path]:
 def holds(run_dir: str | Path) -> bool:
     """Whether this process holds the lock of ``run_dir``."""
     return _file_lock(lock_path(run_dir)).is_locked
-
-
-def exclusive_run(fn: F) -> F:
-    """Decorator for ``run_pipeline(method, params_path, overrides, ...)``: the flow holds the lock
-    of its method's run folder while it runs (the CLI that started it may hold it already: the
-    lock nests), so a flow started by `dvc repro` or a deployment is refused like a second CLI."""
-
-    @functools.wraps(fn)
-    def wrapper(method: str, params_path: Any, overrides: Any = None, *args: Any, **kwargs: Any) -> Any:
-        from coevo.config import load_params
-        from coevo.layout import Layout
-
-        params = load_params(params_path, list(overrides or []))
-        with run_lock(Layout.of(params, method).run_dir, f"{method} flow"):
-            return fn(method, params_path, overrides, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]

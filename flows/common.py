@@ -16,10 +16,11 @@ import yaml
 from prefect import get_run_logger
 
 from coevo import progress, report
-from coevo.config import load_params, load_tree
+from coevo.config import Params, load_params, load_tree
 from coevo.dvc_record import Record, RecordError, record_run
-from coevo.lock import exclusive_run
+from coevo.lock import run_lock
 from coevo.io import write_json
+from coevo.layout import Layout
 from coevo.pipeline import ALL, Pipeline, check_stage, wants
 from coevo.steps import fingerprint
 from tasks.registry import publish
@@ -27,12 +28,21 @@ from tasks.steps import execute, fan_out
 from tasks.tracking import Tracker, check_reachable, git_commit, run_name
 
 
-@exclusive_run  # one run per run folder; the MLflow database created once (coevo.lock)
 def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
                  train: Any = None) -> dict[str, Any]:
-    """Run ``stage`` of ``method``'s pipeline; ``train`` replaces the train stage (e.g. a GPU deployment)."""
+    """Run ``stage`` of ``method``'s pipeline; ``train`` replaces the train stage (e.g. a GPU deployment).
+
+    The flow holds the lock of its method's run folder while it runs (coevo.lock; the CLI that
+    started it may hold it already: the lock nests), so a flow started by `dvc repro` or a
+    deployment is refused like a second CLI."""
     params = load_params(params_path, list(overrides or []))  # parsed once per flow run
     check_stage(stage)
+    with run_lock(Layout.of(params, method).run_dir, f"{method} flow"):
+        return _run(method, params, params_path, overrides, stage, train)
+
+
+def _run(method: str, params: Params, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
+         train: Any) -> dict[str, Any]:
     if wants(stage, "evaluate"):
         check_reachable(params.tracking.uri)  # fail now, not after an hour of training
     pipe = Pipeline(method, params)
