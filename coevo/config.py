@@ -628,6 +628,10 @@ class RuntimeParams(Section):
 
 
 class Params(Section):
+    # The sections of methods registered beyond the three below (coevo.methods.register) are
+    # validated by their spec's model (``_registered_sections``); any other unknown key is refused.
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+
     seed: StrictInt = Field(ge=0, description="Seed of every random choice (splits, sampling, training).")
     data: DataParams = Field(description="The data set: where it comes from and how it is split.")
     tracking: TrackingParams = Field(description="MLflow tracking.")
@@ -640,6 +644,32 @@ class Params(Section):
     cogr: CoGRParams = Field(description="CoGR: query and item keyword generators co-trained by GRPO.")
     grape: GrapeParams = Field(description="GRAPE: a query rewriter trained by GRPO against a frozen retriever.")
     cohyde: CoHyDEParams = Field(description="CoHyDE: a HyDE rewriter and a dense encoder co-trained in rounds.")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _registered_sections(cls, data: Any, handler: Any) -> "Params":
+        if not isinstance(data, Mapping) or isinstance(data, Params):
+            return handler(data)
+        registered = method_sections()
+        core = {k: v for k, v in data.items() if k not in registered}
+        errors: list[Any] = [{"type": "extra_forbidden", "loc": (k,), "input": v}
+                             for k, v in core.items() if k not in cls.model_fields]
+        sections: dict[str, Any] = {}
+        for name, info in registered.items():
+            if name not in data:  # a method not being run needs no section (load_params(method=) checks)
+                continue
+            try:
+                sections[name] = info.annotation.model_validate(data[name])
+            except ValidationError as exc:
+                errors.extend({**_init_error(e), "loc": (name, *e["loc"])} for e in exc.errors())
+        try:
+            model = handler({k: v for k, v in core.items() if k in cls.model_fields} | sections)
+        except ValidationError as exc:
+            errors = [_init_error(e) for e in exc.errors()] + errors
+            model = None
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)
+        return model
 
     @model_validator(mode="after")
     def _vague_split(self) -> "Params":
@@ -657,7 +687,26 @@ class ParamsError(ValueError):
     """A params file (or an override) is invalid; the message names each bad key."""
 
 
+def method_sections() -> dict[str, FieldInfo]:
+    """The params sections of registered methods (``coevo.methods.SPECS``) that :class:`Params`
+    does not declare itself, as fields: their spec's model and run help."""
+    from coevo.methods import SPECS
+
+    return {spec.name: FieldInfo(annotation=spec.params_model(), description=spec.run_help)
+            for spec in SPECS.values() if spec.name not in Params.model_fields}
+
+
+def _init_error(error: Mapping[str, Any]) -> dict[str, Any]:
+    """A reported validation error as the details ``ValidationError.from_exception_data`` takes."""
+    return {k: error[k] for k in ("type", "loc", "input", "ctx") if k in error}
+
+
 # -------------------------------------------------------------------------- model tree
+def fields_of(model: type[Section]) -> dict[str, FieldInfo]:
+    """A section's fields; for :class:`Params`, the registered methods' sections too."""
+    return {**model.model_fields, **method_sections()} if model is Params else dict(model.model_fields)
+
+
 def _section_type(annotation: Any) -> type[Section] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
 
@@ -668,7 +717,7 @@ def _is_open_mapping(annotation: Any) -> bool:
 
 def walk(model: type[Section] = Params, prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
     """Every field of the model tree as ``(dotted key, FieldInfo)``, sections before their fields."""
-    for name, info in model.model_fields.items():
+    for name, info in fields_of(model).items():
         key = f"{prefix}{name}"
         yield key, info
         sub = _section_type(info.annotation)
@@ -681,9 +730,10 @@ def field_at(key: str, model: type[Section] = Params) -> FieldInfo | None:
     info: FieldInfo | None = None
     current: type[Section] | None = model
     for part in key.split("."):
-        if current is None or part not in current.model_fields:
+        fields = fields_of(current) if current is not None else {}
+        if part not in fields:
             return None
-        info = current.model_fields[part]
+        info = fields[part]
         current = _section_type(info.annotation)
     return info
 
@@ -692,9 +742,10 @@ def _open_mapping_at(parts: Sequence[str]) -> bool:
     """Whether ``parts`` names a free-form mapping (a ``trl`` pass-through) or lies inside one."""
     current: type[Section] | None = Params
     for part in parts:
-        if current is None or part not in current.model_fields:
+        fields = fields_of(current) if current is not None else {}
+        if part not in fields:
             return False
-        annotation = current.model_fields[part].annotation
+        annotation = fields[part].annotation
         if _is_open_mapping(annotation):
             return True
         current = _section_type(annotation)
@@ -839,7 +890,7 @@ def _trl_sections(params: Params) -> Iterator[tuple[str, str, TrainerSection]]:
     """(key, parent key, section) of every TRL trainer section in ``params``."""
 
     def visit(model: BaseModel, prefix: str, parent: str) -> Iterator[tuple[str, str, TrainerSection]]:
-        for name in type(model).model_fields:
+        for name in [*type(model).model_fields, *(model.model_extra or {})]:
             value = getattr(model, name)
             key = f"{prefix}{name}"
             if isinstance(value, TrainerSection):
@@ -1004,13 +1055,15 @@ def load_tree(
 
 
 def load_params(
-    paths: str | Path | Sequence[str | Path] = "params.yaml", overrides: Sequence[str] | None = None
+    paths: str | Path | Sequence[str | Path] = "params.yaml", overrides: Sequence[str] | None = None,
+    *, method: str | None = None,
 ) -> Params:
     """Read, merge, override and validate params; raise ParamsError naming every bad key.
 
     ``paths``: one params file or several; each later file is deep-merged over the earlier
     ones (an overlay such as params/demo.yaml). ``overrides``: ``key=value`` strings applied
-    last (``--set``).
+    last (``--set``). ``method``: the method about to run, whose section must be there (a
+    registered method's section is optional otherwise; the built-in three are always required).
     """
     files = _as_paths(paths)
     source = " + ".join(str(p) for p in files)
@@ -1022,6 +1075,9 @@ def load_params(
     errors = check_trl(params)
     if errors:
         raise ParamsError("\n".join([f"{source}: invalid parameters", *(f"  {e}" for e in errors)]))
+    if method is not None and getattr(params, method, None) is None:
+        raise ParamsError(f"{source}: no `{method}:` section; method {method} reads its knobs there "
+                          f"(`coevo params explain {method}` lists them)")
     return params
 
 

@@ -28,7 +28,7 @@ from coevo.config import Params, load_params
 from coevo.layout import Layout
 from coevo.methods import SPECS
 from coevo.methods.base import Method, method_class
-from coevo.pipeline import BASELINE_CODE, PREPARE_CODE, REPORT_CODE, VALIDATE_CODE
+from coevo.pipeline import BASELINE_CODE, PREPARE_CODE, REPORT_CODE, VALIDATE_CODE, exports_index
 from coevo.steps import module_path
 
 DVC_FILE = Path("dvc.yaml")
@@ -95,14 +95,14 @@ def method_stages(name: str, params: Params) -> dict:
     lay, record = Layout.of(params, name), str(record_file(name))
     run = f"coevo run {name} -p {record} --stage"
     data = [str(lay.processed), str(lay.validation_dir)]
-    evaluate_outs = [str(lay.report_dir)] + ([str(lay.index_dir)] if name == "cogr" else [])
+    evaluate_outs = [str(lay.report_dir)] + ([str(lay.index_dir)] if exports_index(cls) else [])
     evaluate: dict = {"cmd": f"{run} evaluate", "deps": [*data, str(lay.run_dir),
                                                          *_code((*cls.code, *BASELINE_CODE, *REPORT_CODE))],
                       "params": [{record: ["evaluation"]}], "outs": evaluate_outs, "metrics": [str(lay.metrics_file)]}
     if name in PLOTS:
         evaluate["plots"] = [{str(lay.plots_csv): PLOTS[name]}]
     else:
-        evaluate["plots"] = [str(lay.plots_csv)]  # defined in the top-level `plots:`
+        evaluate["plots"] = [str(lay.plots_csv)]  # CoGR's: the top-level `plots:`; another method's: DVC's default
     return {
         # checkpoints of every phase; persist: a killed or re-parameterised run resumes
         f"{name}-train": {"cmd": f"{run} train", "deps": [*data, *_code(cls.code)],

@@ -34,6 +34,11 @@ BASELINE_CODE = ("coevo.baselines", "coevo.retrieval", "coevo.stats", "coevo.mod
                  "coevo.io")
 REPORT_CODE = ("coevo.report", "coevo.stats")
 
+def exports_index(method_cls: type[Method]) -> bool:
+    """Whether the method writes artifacts for other tools (``Method.exports``; CoGR: a Lucene index)."""
+    return method_cls.exports is not Method.exports
+
+
 # The reference retrievers of every final table (coevo.baselines), each with its one fixed
 # parameter set: Lucene BM25 over title + text with Anserini's defaults (k1 0.9, b 0.4, the
 # same values that rank CoGR's retrieved sets), and the offline MiniLM encoder with exact
@@ -229,9 +234,13 @@ class Pipeline:
         return self._stamped(self.on_split(f"{self.name}-final"), f"final evaluation ({split})", "evaluate", key, [],
                              work)
 
+    def evaluate_step_count(self) -> int:
+        """How many steps the evaluate stage runs (for the progress bar; no step is built)."""
+        return len(BASELINES) + 2 + exports_index(self.method_cls)
+
     def export(self, final: Step) -> Step | None:
         """The method's exports for other tools (CoGR: Lucene), or None when it has none."""
-        if type(self.method).exports is Method.exports:
+        if not exports_index(type(self.method)):
             return None
         out = self.layout.index_dir
         return self._stamped(f"{self.name}-export", "export index", "evaluate", step_key("export", {}, [final.key],

@@ -1,5 +1,9 @@
 """The pipeline every method's flow runs: data steps, the method's phases, evaluation, MLflow.
 
+:func:`method_flow` makes the Prefect flow of any registered method (coevo.methods.SPECS);
+`flows/<method>.py` holds one per built-in method for prefect.yaml's entrypoints, and a
+method without such a file runs the flow made here (`coevo run` falls back to it).
+
 Stages (also the DVC stages): prepare -> validate -> train -> evaluate. With ``stage="all"``
 they run in order; with one stage name only that stage runs, reading the earlier stages'
 outputs from their fixed paths (that is how `dvc repro` calls it). Each step is one cached
@@ -9,11 +13,17 @@ Prefect task (tasks/steps.py); what a step depends on is declared in the library
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
-from prefect import get_run_logger
+from prefect import Flow, flow, get_run_logger
+
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)  # the project root, for `tasks` (this file is also loaded by path: coevo.cli.run)
 
 from coevo import progress, report
 from coevo.config import Params, load_params, load_tree
@@ -28,6 +38,37 @@ from tasks.steps import execute, fan_out
 from tasks.tracking import Tracker, check_reachable, git_commit, run_name
 
 
+def method_flow(method: str) -> Flow:
+    """The Prefect flow of ``method`` (named after it): the pipeline end to end, or one DVC stage."""
+    from coevo.methods import spec_of
+
+    spec = spec_of(method)
+
+    @flow(name=method, description=spec.run_help)
+    def pipeline_flow(params_path: str | list[str] = "params.yaml", overrides: list[str] | None = None,
+                      stage: str = ALL, train_deployment: str | None = None) -> dict[str, Any]:
+        """The method end to end (or one DVC stage). `train_deployment` (e.g. "cogr/train-gpu") hands
+        the train stage to a deployment on another work pool (the GPU pool) and waits for it."""
+        train = None
+        if train_deployment:
+            def train() -> None:
+                train_elsewhere(train_deployment, params_path, overrides)
+        return run_pipeline(method, params_path, overrides, stage, train=train)
+
+    return pipeline_flow
+
+
+def train_elsewhere(deployment: str, params_path: str | list[str], overrides: list[str] | None) -> None:
+    """Run the train stage as a flow run of `deployment` (e.g. on the GPU pool) and wait."""
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(deployment, parameters={"params_path": params_path, "overrides": overrides or [],
+                                                 "stage": "train"})
+    if not run.state or not run.state.is_completed():
+        raise RuntimeError(f"train stage on deployment {deployment!r} ended "
+                           f"{run.state.name if run.state else 'without a state'}")
+
+
 def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
                  train: Any = None) -> dict[str, Any]:
     """Run ``stage`` of ``method``'s pipeline; ``train`` replaces the train stage (e.g. a GPU deployment).
@@ -35,7 +76,7 @@ def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Seque
     The flow holds the lock of its method's run folder while it runs (coevo.lock; the CLI that
     started it may hold it already: the lock nests), so a flow started by `dvc repro` or a
     deployment is refused like a second CLI."""
-    params = load_params(params_path, list(overrides or []))  # parsed once per flow run
+    params = load_params(params_path, list(overrides or []), method=method)  # parsed once per flow run
     check_stage(stage)
     with run_lock(Layout.of(params, method).run_dir, f"{method} flow"):
         return _run(method, params, params_path, overrides, stage, train)
@@ -48,7 +89,7 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
     pipe = Pipeline(method, params)
     lay = pipe.layout
     progress.plan(sum(wants(stage, s) for s in ("prepare", "validate")) + wants(stage, "train") * pipe.phase_count()
-                  + wants(stage, "evaluate") * 5, f"{pipe.method_cls.title} on {lay.dataset}")
+                  + wants(stage, "evaluate") * pipe.evaluate_step_count(), f"{pipe.method_cls.title} on {lay.dataset}")
     if not wants(stage, "evaluate"):  # a DVC stage on its own: no MLflow run (the evaluate stage makes it)
         _data_and_train(pipe, stage, train)
         return summary(pipe, [])

@@ -6,21 +6,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, as for prefect.yaml entrypoints
 
-from prefect import flow  # noqa: E402
+from flows.common import main, method_flow  # noqa: E402
 
-from flows.common import ALL, main, run_pipeline  # noqa: E402
-
-
-@flow(name="grape")
-def grape_flow(params_path: str | list[str] = "params.yaml", overrides: list[str] | None = None,
-              stage: str = ALL) -> dict[str, Any]:
-    """GRAPE end to end (or one DVC stage)."""
-    return run_pipeline("grape", params_path, overrides, stage)
-
+grape_flow = method_flow("grape")
 
 if __name__ == "__main__":
     main(grape_flow)

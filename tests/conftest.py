@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,6 +89,38 @@ def make_project(root: Path, *, with_code: bool = False) -> Path:
     if with_code:
         shutil.copy(REPO_ROOT / ".dvcignore", root / ".dvcignore")
     return root
+
+
+BIN = Path(sys.executable).parent  # the environment's commands: coevo, dvc
+
+
+def sh(args: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess:
+    """Run a command as a user would; with ``check``, a failure shows its whole output."""
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def dvc_repo(root: Path, prefect_api_url: str) -> dict[str, str]:
+    """``root`` (a ``make_project(..., with_code=True)`` folder) as a committed git + DVC repository;
+    returns the environment its commands run in (the copied code first on the path, one Prefect server)."""
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PREFECT_HOME": str(root / ".prefect-home"),
+        "PYTHONPATH": str(root),  # stage commands import the copied code, the one DVC hashes
+        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    sh(["git", "init", "-q"], root, env)
+    sh([str(BIN / "dvc"), "init", "-q"], root, env)
+    sh([str(BIN / "dvc"), "config", "core.analytics", "false"], root, env)
+    (root / ".gitignore").write_text((REPO_ROOT / ".gitignore").read_text())
+    sh(["git", "add", "-A"], root, env)
+    sh(["git", "commit", "-qm", "toy project"], root, env)
+    env["PREFECT_API_URL"] = prefect_api_url  # one server for every command (each would start its own)
+    return env
 
 
 @pytest.fixture(scope="session")

@@ -11,26 +11,15 @@ so the project's own DVC state is never touched. The tests run in order, each on
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, make_project
+from conftest import BIN, dvc_repo, make_project, sh
 
 pytestmark = pytest.mark.slow
-
-BIN = Path(sys.executable).parent
-
-
-def sh(args: list[str], cwd: Path, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
-    return result
 
 
 def coevo_run(root: Path, env: dict[str, str], *overrides: str) -> subprocess.CompletedProcess:
@@ -68,21 +57,7 @@ def ran_stages(output: str) -> list[str]:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory, prefect_server):
     root = make_project(tmp_path_factory.mktemp("dvc_project"), with_code=True)
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "PREFECT_HOME": str(root / ".prefect-home"),
-        "PYTHONPATH": str(root),  # stage commands import the copied code, the one DVC hashes
-        "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
-        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com",
-    }
-    sh(["git", "init", "-q"], root, env)
-    sh([str(BIN / "dvc"), "init", "-q"], root, env)
-    sh([str(BIN / "dvc"), "config", "core.analytics", "false"], root, env)
-    (root / ".gitignore").write_text((REPO_ROOT / ".gitignore").read_text())
-    sh(["git", "add", "-A"], root, env)
-    sh(["git", "commit", "-qm", "toy project"], root, env)
-    env["PREFECT_API_URL"] = prefect_server  # one server for every command (each would start its own)
+    env = dvc_repo(root, prefect_server)
     return root, env
 
 

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from coevo.cli import app
 from coevo.cli import train as train_cli
-from coevo.methods import SPECS, MethodSpec
+from coevo.methods import SPECS, MethodSpec, register, spec_of
 from coevo.methods.base import method_class
 
 runner = CliRunner()
@@ -46,6 +46,31 @@ def test_vllm_reaches_the_method_that_declares_it(monkeypatch):
     assert calls == [{"use_vllm": True}, {}]
 
 
-def test_a_spec_names_its_class_without_importing_it():
-    spec = MethodSpec("toy", "coevo.methods.grape:Grape", run_help="r", train_help="t")
+def test_a_spec_names_its_classes_without_importing_them():
+    spec = MethodSpec("toy", "coevo.methods.grape:Grape", run_help="r", train_help="t",
+                      params="coevo.config:GrapeParams", retriever="coevo.serving.search:GrapeRetriever",
+                      headline="recall@10")
     assert spec.load().__name__ == "Grape" and not spec.supports_vllm
+    assert spec.params_model().__name__ == "GrapeParams" and spec.retriever_class().__name__ == "GrapeRetriever"
+
+
+def test_a_bad_method_name_or_an_unknown_method_is_one_line():
+    with pytest.raises(ValueError, match="lower-case letters and digits only"):
+        register(MethodSpec("Bad-Name", "x:Y", run_help="r", train_help="t", params="x:P", retriever="x:R",
+                            headline="f1"))
+    assert "Bad-Name" not in SPECS
+    with pytest.raises(ValueError, match=r"unknown method 'nope'; expected one of cogr, grape, cohyde"):
+        spec_of("nope")
+
+
+def test_each_built_in_method_has_a_prefect_deployment_and_a_flow_named_after_it():
+    import yaml
+    from prefect.flows import load_flow_from_entrypoint
+
+    deployments = yaml.safe_load(open("prefect.yaml"))["deployments"]
+    entrypoints = {d["entrypoint"] for d in deployments}
+    for name in ("cogr", "grape", "cohyde"):
+        entry = f"flows/{name}.py:{name}_flow"
+        assert entry in entrypoints
+        flow = load_flow_from_entrypoint(entry)
+        assert flow.name == name and flow.description == SPECS[name].run_help

@@ -262,6 +262,37 @@ def test_cli_search_prints_ranked_items_json_lines_and_a_file_of_queries(runs, r
     assert missing.exit_code == 2 and "no such folder" in missing.output
 
 
+@pytest.mark.parametrize("method", ["cogr", "grape", "cohyde"])
+def test_coevo_search_over_the_test_queries_gives_the_final_evaluations_per_query_values(runs, tmp_path, method):
+    """Serving runs evaluation's code: the rankings `coevo search --json` returns for every test query
+    score, query by query, exactly what the method's final evaluation measured for the served phase."""
+    from coevo.methods.base import method_class
+    from coevo.retrieval.metrics import ranked_evaluation
+
+    run = runs[method]
+    dataset = _dataset(run)
+    final = method_class(method)(run.run_dir, run.params, run.data_dir).final_evaluation("test")
+    served = [r for r in final["rows"] if r["phase"] == final["best_phase"]][-1]["per_query"]
+    qrels = dataset.relevant("test")
+    frame = dataset.queries_in("test")
+    pairs = [(str(q), str(t)) for q, t in zip(frame["query_id"], frame["text"]) if str(q) in qrels]
+    queries = tmp_path / "test_queries.txt"
+    queries.write_text("".join(f"{t}\n" for _, t in pairs))
+    found = CliRunner().invoke(cli(), ["search", "--model", str(run.run_dir), "--file", str(queries), "--json",
+                                       "--k", "10", *_run_dir_args(run)])
+    assert found.exit_code == 0, found.output
+    records = [json.loads(line) for line in found.stdout.strip().splitlines()]
+    assert [r["query"] for r in records] == [t for _, t in pairs]
+    rankings = {q: [hit["item_id"] for hit in r["results"]] for (q, _), r in zip(pairs, records)}
+    searched = ranked_evaluation(rankings, qrels, (1, 5, 10), query_ids=list(rankings)).per_query
+    compared = [m for m in ("ndcg@10", "recall@10", "ndcg@5", "recall@5") if m in served]
+    assert compared, sorted(served)
+    for metric in compared:
+        assert set(served[metric]) == set(rankings), metric
+        for query_id, value in served[metric].items():
+            assert searched[metric][query_id] == pytest.approx(value, abs=1e-9), (method, metric, query_id)
+
+
 def test_cli_evaluate_prints_the_final_table_with_the_baseline_at_val_chosen_k(runs, tmp_path):
     run = runs["grape"]
     out = tmp_path / "table.json"

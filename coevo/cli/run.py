@@ -111,14 +111,21 @@ class _RichSteps:
 
 
 def load_flow(method: str) -> Any:
-    """`flows/<method>.py:<method>_flow` of the project in the working directory."""
+    """`flows/<method>.py:<method>_flow` of the project in the working directory, loaded as
+    prefect.yaml's entrypoints are; a registered method without such a file runs the generic
+    flow of `flows/common.py` (``method_flow``)."""
     entry = Path("flows") / f"{method}.py"
-    if not entry.exists():
+    common = Path("flows") / "common.py"
+    if not entry.exists() and not common.exists():
         raise FileNotFoundError(f"{entry.resolve()}: no such flow; run coevo from the project root (the folder "
                                 "holding params.yaml, flows/ and tasks/)")
     from prefect.flows import load_flow_from_entrypoint
 
-    return load_flow_from_entrypoint(f"{entry}:{method}_flow")
+    if entry.exists():
+        return load_flow_from_entrypoint(f"{entry}:{method}_flow")
+    from prefect.utilities.importtools import import_object  # what entrypoints load with: a path, not a package
+
+    return import_object(f"{common}:method_flow")(method)
 
 
 class RunState:
@@ -206,7 +213,7 @@ def run_method(
     from coevo.pipeline import Pipeline, check_stage, wants
 
     state = state or RunState(method)
-    params = load_params(params_paths, overrides)  # bad params: fail here, before any work
+    params = load_params(params_paths, overrides, method=method)  # bad params: fail here, before any work
     check_stage(stage)
     preflight(method, params, stage)
     started = time.perf_counter()

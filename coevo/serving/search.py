@@ -109,6 +109,12 @@ class Retriever(ABC):
     method: ClassVar[str]
     #: the key of what the generator wrote, in every search record
     generated: ClassVar[str]
+    #: what that is, for the MLflow model's output schema: one string, or a list of strings
+    generated_is_list: ClassVar[bool] = False
+    #: whether it may be null (GRAPE: a malformed rewrite)
+    generated_nullable: ClassVar[bool] = False
+    #: the pip packages query time imports beyond torch/transformers/mlflow (the MLflow model's requirements)
+    requirements: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, manifest: Mapping[str, Any], items: pd.DataFrame, generator: Any,
                  params: Mapping[str, Any] | None = None) -> None:
@@ -116,7 +122,7 @@ class Retriever(ABC):
         self.settings: dict[str, Any] = dict(self.manifest["settings"])
         self.items = items.reset_index(drop=True)
         self.titles = dict(zip(self.items["item_id"].astype(str), self.items["title"].astype(str)))
-        self.generator = generator
+        self.generator = generator  # None for a method that serves without a language model
         self.params = dict(params or {})
         self._lock = threading.Lock()  # one generation at a time (a served model answers requests in threads)
 
@@ -191,11 +197,13 @@ class Retriever(ABC):
         dest.mkdir(parents=True, exist_ok=True)
         if any(dest.iterdir()):
             raise FileExistsError(f"{dest}: folder is not empty")
-        files = {name: dest / FILES[name] for name in ("manifest", "params", "items", "generator", "index")}
+        files = {name: dest / FILES[name] for name in ("manifest", "params", "items", "index")}
         write_json(files["manifest"], self.manifest)
         write_json(files["params"], self.params)
         write_parquet(files["items"], self.items)
-        self.generator.save(files["generator"])
+        if self.generator is not None:
+            files["generator"] = dest / FILES["generator"]
+            self.generator.save(files["generator"])
         self._save_index(files["index"])
         files.update(self._save_extra(dest))
         return files
@@ -220,21 +228,26 @@ class Retriever(ABC):
             raise ValueError(f"{files['manifest']}: format_version {manifest.get('format_version')!r}, "
                              f"this coevo reads {FORMAT_VERSION}")
         method = manifest.get("method")
-        if method not in RETRIEVERS:
-            raise ValueError(f"{files['manifest']}: unknown method {method!r}")
-        from coevo.models.generator import Generator
-
+        try:
+            retriever = retriever_class(str(method))
+        except ValueError as exc:
+            raise ValueError(f"{files['manifest']}: {exc}") from None
         items = pd.read_parquet(files["items"])
-        generator = Generator.load(files["generator"], trainable=False)
+        generator = None
+        if "generator" in files and files["generator"].exists():
+            from coevo.models.generator import Generator
+
+            generator = Generator.load(files["generator"], trainable=False)
         params = read_json(files["params"]) if "params" in files and files["params"].exists() else {}
-        return RETRIEVERS[method]._load(manifest, items, generator, params, files)
+        return retriever._load(manifest, items, generator, params, files)
 
     @classmethod
     @abstractmethod
     def _load(cls, manifest, items, generator, params, files) -> "Retriever": ...
 
 
-def _manifest(method: str, run: Any, phase: str, generator: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+def run_manifest(method: str, run: Any, phase: str, generator: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest of a retriever served from phase ``phase`` of ``run`` (a Method): what and whence."""
     cutoffs = getattr(run.params.evaluation, "cutoffs", None)
     return {
         "format_version": FORMAT_VERSION,
@@ -252,7 +265,8 @@ def _manifest(method: str, run: Any, phase: str, generator: str, settings: Mappi
     }
 
 
-def _items_table(dataset: Any) -> pd.DataFrame:
+def items_table(dataset: Any) -> pd.DataFrame:
+    """The items a retriever returns (id, title, text)."""
     items = dataset.items
     return pd.DataFrame({"item_id": items["item_id"].astype(str), "title": items["title"].astype(str),
                          "text": items["text"]})
@@ -264,6 +278,8 @@ class CoGRRetriever(Retriever):
 
     method = "cogr"
     generated = "keywords"
+    generated_is_list = True
+    requirements = ("bm25s",)
 
     def __init__(self, manifest, items, generator, item_keywords: Mapping[str, Sequence[str]], params=None) -> None:
         super().__init__(manifest, items, generator, params)
@@ -336,13 +352,15 @@ class CoGRRetriever(Retriever):
         settings = {"k_max": cfg.k_max, "max_new_tokens": cfg.sampling.max_new_tokens,
                     "context": {"query_context": cfg.query_context, "item_context": cfg.item_context,
                                 "search_results": cfg.search_results.model_dump(mode="json")}}
-        manifest = _manifest("cogr", run, phase, cfg.generator, settings)
-        return cls(manifest, _items_table(run.dataset), generator, run.keywords(index)["items"],
+        manifest = run_manifest("cogr", run, phase, cfg.generator, settings)
+        return cls(manifest, items_table(run.dataset), generator, run.keywords(index)["items"],
                    params.model_dump(mode="json"))
 
 
 # ======================================================================== dense (GRAPE, CoHyDE)
 class _DenseRetriever(Retriever):
+    requirements = ("faiss-cpu", "sentence-transformers")
+
     def __init__(self, manifest, items, generator, index: Any, params=None) -> None:
         super().__init__(manifest, items, generator, params)
         self.index = index
@@ -387,6 +405,7 @@ class GrapeRetriever(_DenseRetriever):
 
     method = "grape"
     generated = "rewrite"
+    generated_nullable = True  # null: the rewrite was malformed
 
     def __init__(self, manifest, items, generator, index, frozen: Any = None, params=None) -> None:
         super().__init__(manifest, items, generator, index, params)
@@ -454,8 +473,8 @@ class GrapeRetriever(_DenseRetriever):
             "reasoning": cfg.reasoning, "max_reasoning_tokens": cfg.max_reasoning_tokens,
             "query_mode": cfg.query_mode, "max_new_tokens": run.completion_budget(cfg.sampling.max_new_tokens),
         }
-        manifest = _manifest("grape", run, phase, cfg.generator, settings)
-        return cls(manifest, _items_table(run.dataset), generator, frozen.index, frozen=frozen,
+        manifest = run_manifest("grape", run, phase, cfg.generator, settings)
+        return cls(manifest, items_table(run.dataset), generator, frozen.index, frozen=frozen,
                    params=params.model_dump(mode="json"))
 
 
@@ -510,8 +529,8 @@ class CoHyDERetriever(_DenseRetriever):
         cfg = params.cohyde
         settings = {"max_new_tokens": cfg.max_new_tokens, "encoder_stage": encoder_stage,
                     "generator_stage": generator_stage}
-        manifest = _manifest("cohyde", run, phase, cfg.generator, settings)
-        return cls(manifest, _items_table(run.dataset), generator, index, encoder, params.model_dump(mode="json"))
+        manifest = run_manifest("cohyde", run, phase, cfg.generator, settings)
+        return cls(manifest, items_table(run.dataset), generator, index, encoder, params.model_dump(mode="json"))
 
 
 def _cohyde_stages(run: Any, phase: str) -> tuple[str, str]:
@@ -527,7 +546,11 @@ def _cohyde_stages(run: Any, phase: str) -> tuple[str, str]:
     return encoder_stage, generator_stage
 
 
-RETRIEVERS: dict[str, type[Retriever]] = {"cogr": CoGRRetriever, "grape": GrapeRetriever, "cohyde": CoHyDERetriever}
+def retriever_class(method: str) -> type[Retriever]:
+    """The retriever of a registered method (its spec's ``retriever``)."""
+    from coevo.methods import spec_of
+
+    return spec_of(method).retriever_class()
 
 
 # ======================================================================== opening a model
@@ -537,15 +560,14 @@ def from_run(method: str, run_dir: str | Path, params: Any, dataset_dir: str | P
     ``params`` must be those the run was trained with (each phase's key covers its params and
     the data), otherwise its phases do not count as finished.
     """
-    if method not in RETRIEVERS:
-        raise ValueError(f"unknown method {method!r}; expected one of {', '.join(RETRIEVERS)}")
+    retriever = retriever_class(method)
     run_dir, dataset_dir = Path(run_dir), Path(dataset_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: run directory does not exist")
     from coevo.methods.base import PhaseNotReady
 
     try:
-        return RETRIEVERS[method].from_run(run_dir, params, dataset_dir)
+        return retriever.from_run(run_dir, params, dataset_dir)
     except PhaseNotReady as exc:
         raise FileNotFoundError(
             f"{exc}. If the run did finish, it was trained with other params or data than these: pass the same "
@@ -555,5 +577,7 @@ def from_run(method: str, run_dir: str | Path, params: Any, dataset_dir: str | P
 
 def method_of_run_dir(run_dir: Path) -> str | None:
     """``<root>/models/<method>/<dataset>`` (the pipeline's layout) names its method."""
+    from coevo.methods import SPECS
+
     parent = Path(run_dir).resolve().parent.name
-    return parent if parent in RETRIEVERS else None
+    return parent if parent in SPECS else None
