@@ -584,6 +584,27 @@ def test_disk_full_while_preparing_is_one_line_and_keeps_finished_files(tmp_path
     assert sorted(p.name for p in out.iterdir()) == ["items.parquet"]  # the finished file; no temp file
 
 
+def test_a_full_disk_inside_a_library_write_is_named_as_the_cause_not_a_corrupt_checkpoint():
+    class SafetensorError(Exception):  # safetensors' Rust error type, as its save_file raises it
+        pass
+
+    wrapped = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                              'message: "No space left on device" })')
+    message, code = one_line(wrapped)
+    assert "no space left on device" in message and "free some space" in message and code == 1
+    assert "corrupt" not in message and "delete it" not in message
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "data/models/cogr/toy/phases/00_sft/x")
+        except OSError as cause:
+            raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed") from cause
+    except RuntimeError as chained:
+        message, code = one_line(chained)
+    assert "no space left on device" in message and "free some space" in message and code == 1
+    # a truncated file read back is still a corrupt checkpoint
+    assert "corrupt or truncated" in one_line(SafetensorError("Error while deserializing header: invalid header length"))[0]
+
+
 def test_an_unexpected_error_is_one_line_with_a_hint():
     result = runner.invoke(_command_that_raises(lambda: (_ for _ in ()).throw(ZeroDivisionError("boom"))), ["go"])
     assert result.exit_code == 1

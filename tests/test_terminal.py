@@ -123,3 +123,21 @@ def test_a_failure_names_the_log_holding_its_traceback_and_verbose_keeps_everyth
     assert "Traceback" in verbose.stderr  # --verbose: the traceback on screen, nothing sent to a log
     assert sorted(p.name for p in (project / "logs").iterdir()) == [Path(log_path).name]
 
+
+
+@pytest.mark.slow
+def test_coevo_train_shows_its_phases_and_table_and_logs_the_library_output(tmp_path):
+    project = make_project(tmp_path / "p")
+    for stage in ("prepare", "validate"):
+        prepared = cli(project, "run", "cogr", "--stage", stage)
+        assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    proc = cli(project, "train", "cogr")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    screen = proc.stdout + proc.stderr
+    assert not [n for n in NOISE if n in screen], screen
+    match = re.search(r"^library output: (logs/coevo-train-cogr-\d{8}-\d{6}(-\d+)?\.log)$", proc.stderr, re.M)
+    assert match, proc.stderr
+    assert re.search(r"^done .*f1=\d\.\d{4}", proc.stdout, re.M), proc.stdout  # a phase's val metrics
+    assert "run folder: data/models/cogr/toy" in proc.stdout, proc.stdout
+    log = (project / match.group(1)).read_text()
+    assert "{'loss'" in log and "it/s]" in log, log[-2000:]

@@ -171,6 +171,22 @@ def _is_corrupt_checkpoint(exc: BaseException) -> bool:
 
 
 _SPACE = "free some space and run the command again (finished steps are kept)"
+# How a full disk reads when a library wraps it: safetensors' Rust IoError, torch's stream writer.
+_SPACE_TEXTS = ("No space left on device", "StorageFull", "os error 28", "Disk quota exceeded")
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    """Whether a full disk (or quota) is the cause anywhere in ``exc``'s chain."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(current) for text in _SPACE_TEXTS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 _ERRNO_HINTS = {
     errno.ENOSPC: _SPACE,
     errno.EDQUOT: _SPACE,
@@ -206,6 +222,11 @@ def one_line(exc: BaseException) -> tuple[str, int]:
         return str(exc), EXIT_USAGE
     if type(exc).__name__ == "NonFiniteTraining":  # coevo.train.common (imports torch): the phase diverged
         return str(exc), EXIT_FAILURE
+    if _out_of_space(exc) and not (isinstance(exc, OSError) and exc.strerror):
+        # a library's wrapped write error (it would read as a corrupt checkpoint): the disk is the cause
+        path = _checkpoint_file(exc)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return f"{f'{path}: ' if path else ''}no space left on device ({first}); {_SPACE}", EXIT_FAILURE
     if _is_corrupt_checkpoint(exc):
         path = _checkpoint_file(exc)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from coevo.cli.common import console, user_errors
+from coevo.cli.common import console
 from coevo.methods import SPECS
 
 app = typer.Typer(help="Train a method in-process on a prepared data set (resumable).", no_args_is_help=True)
@@ -46,15 +46,16 @@ class TrainState:
 
 
 def _train(method: str, params: list[Path], overrides: list[str], data: Optional[Path], out: Optional[Path],
-           quiet: bool, state: TrainState | None = None, **kwargs) -> None:
+           quiet: bool, state: TrainState | None = None, verbose: bool = False, **kwargs) -> None:
     from coevo import distributed
+    from coevo.cli.run import library_output
     from coevo.checks import check_writable
     from coevo.config import load_params
     from coevo.layout import Layout
     from coevo.methods.base import method_class
 
     state = state or TrainState()
-    loaded = load_params(params, overrides)
+    loaded = load_params(params, overrides, method=method)
     layout = Layout.of(loaded, method)
     data_dir = data or layout.processed
     run_dir = out or layout.run_dir
@@ -74,7 +75,13 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
                                  if k in record.get("eval", {}))
                 console.print(f"[green]done[/] {phase.label}" + (f" {shown}" if shown else ""), highlight=False)
 
-        rows = run.run(on_phase=done)
+        # inputs checked: from here trainer dictionaries, progress bars and warnings go to logs/ (as in `coevo run`)
+        with library_output(state, verbose):
+            rows = run.run(on_phase=done)
+        stopped = run.early_stop()
+        if stopped is not None and stopped.stop and not quiet:
+            console.print(f"early stopping: val {stopped.metric} has not improved for {stopped.stale} evaluation(s) "
+                          f"(best {stopped.best:.4f})", highlight=False)
     if not distributed.is_writer():
         return
     console.print(results_table(run, rows))
@@ -104,12 +111,16 @@ def _command(method: str, doc: str, vllm: bool) -> None:
                                            f"<data.root>/models/{method}/<data.dataset>. Re-running resumes; a changed "
                                            "knob re-runs only the phases that depend on it."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
-        verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks."),
+        verbose: bool = typer.Option(False, "--verbose", "-v", help="Keep library output (trainer logs, progress "
+                                     "bars, warnings) on screen; show tracebacks."),
         use_vllm: bool = False,
     ) -> None:
+        from coevo.cli.run import run_errors
+
         state = TrainState(method)
-        with user_errors(verbose, state.interrupted):
-            _train(method, params, set_, data, out, quiet, state, **({"use_vllm": True} if use_vllm else {}))
+        with run_errors(state, verbose):  # one line; under it the log's path, which holds the traceback
+            _train(method, params, set_, data, out, quiet, state, verbose,
+                   **({"use_vllm": True} if use_vllm else {}))
 
     _declare_vllm(command, vllm)
     command.__doc__ = doc
