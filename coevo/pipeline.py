@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from coevo.baselines import DEFAULT_ENCODER
 from coevo import distributed
@@ -23,6 +23,9 @@ from coevo.layout import Layout
 from coevo.methods.base import MONITOR_SPLIT, Method, method_class
 from coevo.retrieval.bm25 import BM25_B, BM25_K1
 from coevo.steps import code_hash, fingerprint, is_done, read_stamp, run_stamped, select, step_key
+
+if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
+    from coevo.data.schema import Dataset
 
 STAGES: tuple[str, ...] = ("prepare", "validate", "train", "evaluate")
 ALL = "all"
@@ -327,7 +330,7 @@ class Pipeline:
         return read_json(self.summary_path) if self.summary_path.exists() else None
 
 
-def baseline_result(dataset: Any, name: str, split: str, cutoffs: list[int], bootstrap: dict[str, Any]) -> dict[str, Any]:
+def baseline_result(dataset: Dataset, name: str, split: str, cutoffs: list[int], bootstrap: dict[str, Any]) -> dict[str, Any]:
     """One baseline on val and ``split`` (one retrieval per split): k* chosen on val, every
     metric's mean with its bootstrap CI per split, the per-query values of
     ``BASELINE_PER_QUERY`` on ``split``."""

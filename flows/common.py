@@ -14,9 +14,9 @@ Prefect task (tasks/steps.py); what a step depends on is declared in the library
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import yaml
 from prefect import Flow, flow, get_run_logger
@@ -36,6 +36,9 @@ from coevo.steps import fingerprint
 from tasks.registry import publish
 from tasks.steps import execute, fan_out
 from tasks.tracking import Tracker, check_reachable, git_commit, run_name
+
+if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
+    from coevo.methods.base import Method
 
 
 def method_flow(method: str) -> Flow:
@@ -70,7 +73,7 @@ def train_elsewhere(deployment: str, params_path: str | list[str], overrides: li
 
 
 def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
-                 train: Any = None) -> dict[str, Any]:
+                 train: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run ``stage`` of ``method``'s pipeline; ``train`` replaces the train stage (e.g. a GPU deployment).
 
     The flow holds the lock of its method's run folder while it runs (coevo.lock; the CLI that
@@ -83,7 +86,7 @@ def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Seque
 
 
 def _run(method: str, params: Params, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
-         train: Any) -> dict[str, Any]:
+         train: Callable[[], None] | None) -> dict[str, Any]:
     if wants(stage, "evaluate"):
         check_reachable(params.tracking.uri)  # fail now, not after an hour of training
     pipe = Pipeline(method, params)
@@ -120,7 +123,7 @@ class LiveSeries:
         self.tracker = tracker
         self.logged: set[tuple[str, int]] = set()
 
-    def log(self, method: Any) -> None:
+    def log(self, method: Method) -> None:
         for kind, series in (("phase", method.tracking_series()), ("step", method.training_curve_series())):
             for step_no, metrics in series:
                 if (kind, step_no) not in self.logged:
@@ -128,7 +131,7 @@ class LiveSeries:
                     self.logged.add((kind, step_no))
 
 
-def _data_and_train(pipe: Pipeline, stage: str, train: Any, live: LiveSeries | None = None) -> None:
+def _data_and_train(pipe: Pipeline, stage: str, train: Callable[[], None] | None, live: LiveSeries | None = None) -> None:
     if wants(stage, "prepare"):
         execute(pipe.prepare())
     if wants(stage, "validate"):

@@ -20,11 +20,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from coevo.serving import registry
 from coevo.serving.search import from_run
 from tasks.tracking import Tracker, git_commit, run_description, run_name
+
+if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
+    from coevo.config import Params
+    from coevo.pipeline import Pipeline
 
 
 @contextlib.contextmanager
@@ -40,7 +44,7 @@ def active_run(run_id: str) -> Iterator[None]:
         yield
 
 
-def _bootstrap(params: Any) -> dict[str, Any]:
+def _bootstrap(params: Params) -> dict[str, Any]:
     found = getattr(params.evaluation, "bootstrap", None)
     return found.model_dump(mode="json") if hasattr(found, "model_dump") else {}
 
@@ -53,7 +57,7 @@ def _final_values(final: Mapping[str, Any] | None, phase: str, metric: str) -> d
     return dict(rows[-1]["per_query"][metric]) if rows else None
 
 
-def publish(pipe: Any, tracker: Tracker, *, table: Mapping[str, Any] | None = None,
+def publish(pipe: Pipeline, tracker: Tracker, *, table: Mapping[str, Any] | None = None,
             final: Mapping[str, Any] | None = None, stage: str | None = None, run_label: str | None = None,
             version_tags: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Log, register and gate the run's retriever (see the module notes); returns the decision."""

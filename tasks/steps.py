@@ -15,7 +15,7 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import CachePolicy
@@ -23,6 +23,9 @@ from prefect.context import TaskRunContext
 
 from coevo import progress
 from coevo.pipeline import Step
+
+if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
+    from coevo.pipeline import Pipeline
 
 RESULTS_DIR = Path(".prefect") / "results"
 _TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.EIO, errno.ETIMEDOUT, errno.ECONNRESET}
@@ -78,7 +81,7 @@ def _remote_step(build: Callable[[], Step], key: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def fan_out(pipe: Any) -> Iterator[Callable[[Step], Callable[[], dict[str, Any]]]]:
+def fan_out(pipe: Pipeline) -> Iterator[Callable[[Step], Callable[[], dict[str, Any]]]]:
     """``submit(step) -> wait()`` for steps that depend on nothing still running.
 
     With ``compute.backend: ray`` each submitted step is a Prefect task on Ray

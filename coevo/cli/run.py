@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import typer
 
@@ -35,6 +35,12 @@ from coevo.cli.common import (
 )
 
 from coevo.methods import SPECS  # noqa: E402 - names and help lines only; no method is imported
+
+if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
+    from prefect import Flow
+    from coevo.config import Params
+    from coevo.methods.base import Method
+    from coevo.pipeline import Pipeline
 
 app = typer.Typer(help="Run a method's full pipeline as a Prefect flow.", no_args_is_help=True)
 
@@ -110,7 +116,7 @@ class _RichSteps:
                 self.progress.update(self.task_id, description=self.title)
 
 
-def load_flow(method: str) -> Any:
+def load_flow(method: str) -> Flow:
     """`flows/<method>.py:<method>_flow` of the project in the working directory, loaded as
     prefect.yaml's entrypoints are; a registered method without such a file runs the generic
     flow of `flows/common.py` (``method_flow``)."""
@@ -134,7 +140,7 @@ class RunState:
     def __init__(self, method: str, command: str | None = None) -> None:
         self.method = method
         self.command = command or f"run-{method}"  # names the log file
-        self.pipe: Any = None
+        self.pipe: Pipeline | None = None
         self.steps: _RichSteps | None = None
         self.log_path: Path | None = None  # library output, once the flow's work started
 
@@ -149,7 +155,7 @@ class RunState:
         return "; ".join(parts)
 
 
-def last_finished_phase(method_cls: Any, pipe: Any) -> str:
+def last_finished_phase(method_cls: type[Method], pipe: Pipeline) -> str:
     """"last finished phase: SFT (00_sft)", or that none has finished."""
     try:
         method = pipe.method
@@ -161,7 +167,7 @@ def last_finished_phase(method_cls: Any, pipe: Any) -> str:
     return f"last finished phase: {done[-1].label} ({done[-1].name})"
 
 
-def preflight(method: str, params: Any, stage: str) -> None:
+def preflight(method: str, params: Params, stage: str) -> None:
     """Every check that needs no model and no data: before any work."""
     from coevo.checks import TrackingError, check_reachable, check_writable
     from coevo.layout import Layout
@@ -182,7 +188,7 @@ def preflight(method: str, params: Any, stage: str) -> None:
         check_writable(path, what)
 
 
-def check_stage_inputs(pipe: Any, stage: str) -> None:
+def check_stage_inputs(pipe: Pipeline, stage: str) -> None:
     """A stage run on its own needs what the earlier stages wrote: fail in one line, before Prefect."""
     if stage in ("validate", "train", "evaluate"):
         pipe.data_fingerprint()  # FileNotFoundError naming data/processed/<dataset> and the stage to run

@@ -16,11 +16,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 import typer
 
 from coevo.cli.common import console, err_console, user_errors
+
+if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
+    from coevo.config import Params
+    from coevo.data.schema import Dataset
+    from coevo.serving.search import Retriever
 
 PARAMS_HELP = "Params file(s) (repeat to overlay): the tracking store, and for a run directory the params it was trained with."
 SET_HELP = "Override a param, KEY=VALUE (repeatable)."
@@ -37,7 +42,7 @@ def _params(paths: list[Path], overrides: list[str]):
     return load_params(existing, overrides)
 
 
-def tracking_uri(option: str | None, params: Any) -> str | None:
+def tracking_uri(option: str | None, params: Params | None) -> str | None:
     """--tracking-uri, else $MLFLOW_TRACKING_URI, else params' tracking.uri (a relative sqlite path made absolute)."""
     uri = option or os.environ.get("MLFLOW_TRACKING_URI") or (params.tracking.uri if params is not None else None)
     if uri and uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
@@ -157,7 +162,7 @@ def search_command(
                 bar.advance(task, min(batch_size, len(queries) - start))
 
 
-def model_table(retriever: Any, dataset: Any, split: str, params: Any, baselines: list[str]) -> dict[str, Any]:
+def model_table(retriever: Retriever, dataset: Dataset, split: str, params: Params | None, baselines: list[str]) -> dict[str, Any]:
     """The flow's final table for one served model: the baselines (k for F1@k chosen on val) on
     val and ``split``, the model on ``split``, and the paired comparison with the best baseline."""
     from coevo import report

@@ -25,7 +25,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
+
+if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
+    from coevo.config import Params
 
 CHALLENGER, CHAMPION = "challenger", "champion"
 PROMOTED, KEPT, UNCHANGED = "promoted", "kept", "unchanged"
@@ -40,7 +43,7 @@ def model_name(method: str, dataset: str) -> str:
     return f"coevo-{method}-{dataset}"
 
 
-def headline_metric(method: str, params: Any = None) -> str:
+def headline_metric(method: str, params: Params | None = None) -> str:
     """The gate's metric: ``registry.promote_metric[<method>]`` in params when set, else the default."""
     configured = getattr(getattr(params, "registry", None), "promote_metric", None) or {}
     if isinstance(configured, Mapping) and configured.get(method):

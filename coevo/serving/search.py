@@ -40,12 +40,17 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from coevo.io import read_json, write_json, write_parquet
+
+if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
+    from coevo.config import Params
+    from coevo.data.schema import Dataset
+    from coevo.methods.base import Method
 
 FORMAT_VERSION = 1
 FILES = {
@@ -149,13 +154,13 @@ class Retriever(ABC):
         ]
 
     # -------------------------------------------------------------------- evaluation
-    def evaluation_queries(self, dataset: Any, split: str) -> list[tuple[str, str]]:
+    def evaluation_queries(self, dataset: Dataset, split: str) -> list[tuple[str, str]]:
         """(query_id, text) of ``split`` in the order the method's own evaluation generates them."""
         relevant = dataset.relevant(split)
         frame = dataset.queries_in(split)
         return [(str(q), str(t)) for q, t in zip(frame["query_id"], frame["text"]) if str(q) in relevant]
 
-    def evaluate(self, dataset: Any, split: str = "test", cutoffs: Sequence[int] | None = None):
+    def evaluate(self, dataset: Dataset, split: str = "test", cutoffs: Sequence[int] | None = None):
         """An :class:`~coevo.retrieval.metrics.Evaluation` of this retriever on ``split``:
         per-query values of every metric (CoGR adds the set precision, recall and F1)."""
         from coevo.retrieval.metrics import ranked_evaluation
@@ -246,7 +251,7 @@ class Retriever(ABC):
     def _load(cls, manifest, items, generator, params, files) -> "Retriever": ...
 
 
-def run_manifest(method: str, run: Any, phase: str, generator: str, settings: Mapping[str, Any]) -> dict[str, Any]:
+def run_manifest(method: str, run: Method, phase: str, generator: str, settings: Mapping[str, Any]) -> dict[str, Any]:
     """The manifest of a retriever served from phase ``phase`` of ``run`` (a Method): what and whence."""
     cutoffs = getattr(run.params.evaluation, "cutoffs", None)
     return {
@@ -265,7 +270,7 @@ def run_manifest(method: str, run: Any, phase: str, generator: str, settings: Ma
     }
 
 
-def items_table(dataset: Any) -> pd.DataFrame:
+def items_table(dataset: Dataset) -> pd.DataFrame:
     """The items a retriever returns (id, title, text)."""
     items = dataset.items
     return pd.DataFrame({"item_id": items["item_id"].astype(str), "title": items["title"].astype(str),
@@ -315,7 +320,7 @@ class CoGRRetriever(Retriever):
             out.append([(i, float(scores[self._position[i]])) for i in ranked])
         return out
 
-    def evaluation_queries(self, dataset: Any, split: str) -> list[tuple[str, str]]:
+    def evaluation_queries(self, dataset: Dataset, split: str) -> list[tuple[str, str]]:
         # CoGR.evaluate generates for every query of the split, sorted by id.
         frame = dataset.queries_in(split)
         text = dict(zip(frame["query_id"].astype(str), frame["text"].astype(str)))
@@ -341,7 +346,7 @@ class CoGRRetriever(Retriever):
         return cls(manifest, items, generator, {d: list(k) for d, k in index.keyword_sets().items()}, params)
 
     @classmethod
-    def from_run(cls, run_dir: Path, params: Any, dataset_dir: Path) -> "CoGRRetriever":
+    def from_run(cls, run_dir: Path, params: Params, dataset_dir: Path) -> "CoGRRetriever":
         from coevo.methods.cogr import CoGR, QUERY
 
         run = CoGR(run_dir, params, dataset_dir)
@@ -455,7 +460,7 @@ class GrapeRetriever(_DenseRetriever):
         return cls(manifest, items, generator, DenseIndex.load(files["index"]), params=params)
 
     @classmethod
-    def from_run(cls, run_dir: Path, params: Any, dataset_dir: Path) -> "GrapeRetriever":
+    def from_run(cls, run_dir: Path, params: Params, dataset_dir: Path) -> "GrapeRetriever":
         from coevo.methods.grape import TRAINED, Grape
         from coevo.models.generator import Generator
 
@@ -517,7 +522,7 @@ class CoHyDERetriever(_DenseRetriever):
                    load_text_encoder(str(files["encoder"])), params)
 
     @classmethod
-    def from_run(cls, run_dir: Path, params: Any, dataset_dir: Path) -> "CoHyDERetriever":
+    def from_run(cls, run_dir: Path, params: Params, dataset_dir: Path) -> "CoHyDERetriever":
         from coevo.methods import cohyde
 
         run = cohyde.CoHyDE(run_dir, params, dataset_dir)
@@ -533,7 +538,7 @@ class CoHyDERetriever(_DenseRetriever):
         return cls(manifest, items_table(run.dataset), generator, index, encoder, params.model_dump(mode="json"))
 
 
-def _cohyde_stages(run: Any, phase: str) -> tuple[str, str]:
+def _cohyde_stages(run: Method, phase: str) -> tuple[str, str]:
     """(encoder stage, rewriter stage) the method evaluates ``phase`` with (CoHyDE.evaluate)."""
     from coevo.methods import cohyde
 
@@ -554,7 +559,7 @@ def retriever_class(method: str) -> type[Retriever]:
 
 
 # ======================================================================== opening a model
-def from_run(method: str, run_dir: str | Path, params: Any, dataset_dir: str | Path) -> Retriever:
+def from_run(method: str, run_dir: str | Path, params: Params, dataset_dir: str | Path) -> Retriever:
     """The retriever of a finished run: the phase chosen on val, with its generator and index.
 
     ``params`` must be those the run was trained with (each phase's key covers its params and
