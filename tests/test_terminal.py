@@ -131,7 +131,9 @@ def test_coevo_train_shows_its_phases_and_table_and_logs_the_library_output(tmp_
     for stage in ("prepare", "validate"):
         prepared = cli(project, "run", "cogr", "--stage", stage)
         assert prepared.returncode == 0, prepared.stdout + prepared.stderr
-    proc = cli(project, "train", "cogr")
+    # no rise of val F1 counts (min_delta 1.0): the first GRPO phase is stale and the next one is skipped
+    proc = cli(project, "train", "cogr", "--set", "cogr.rounds=2", "--set", "cogr.early_stopping.patience=1",
+               "--set", "cogr.early_stopping.min_delta=1.0")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     screen = proc.stdout + proc.stderr
     assert not [n for n in NOISE if n in screen], screen
@@ -139,5 +141,8 @@ def test_coevo_train_shows_its_phases_and_table_and_logs_the_library_output(tmp_
     assert match, proc.stderr
     assert re.search(r"^done .*f1=\d\.\d{4}", proc.stdout, re.M), proc.stdout  # a phase's val metrics
     assert "run folder: data/models/cogr/toy" in proc.stdout, proc.stdout
+    # the method's own early-stopping line went to the log with the library output; the screen shows it too
+    assert re.search(r"^early stopping before 02_item: f1 has not improved for 1 evaluation\(s\)", proc.stdout, re.M), \
+        proc.stdout
     log = (project / match.group(1)).read_text()
     assert "{'loss'" in log and "it/s]" in log, log[-2000:]

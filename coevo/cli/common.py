@@ -211,6 +211,17 @@ def describe_os_error(exc: OSError) -> str:
     return f"{where}: {what}" if where is not None else what
 
 
+def _first_line(exc: BaseException, empty: str | None = None) -> str:
+    """The first line of ``exc``'s message (``empty``, else its type's name, when it has none)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__ if empty is None else empty])[0]
+
+
+def _checkpoint_prefix(exc: BaseException) -> str:
+    """``"<checkpoint file>: "`` when a frame of ``exc`` was reading or writing one, else ``""``."""
+    path = _checkpoint_file(exc)
+    return f"{path}: " if path else ""
+
+
 def one_line(exc: BaseException) -> tuple[str, int]:
     """(the message a user sees, the exit code) for an exception that ends a command."""
     import yaml
@@ -224,15 +235,10 @@ def one_line(exc: BaseException) -> tuple[str, int]:
         return str(exc), EXIT_FAILURE
     if _out_of_space(exc) and not (isinstance(exc, OSError) and exc.strerror):
         # a library's wrapped write error (it would read as a corrupt checkpoint): the disk is the cause
-        path = _checkpoint_file(exc)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return f"{f'{path}: ' if path else ''}no space left on device ({first}); {_SPACE}", EXIT_FAILURE
+        return f"{_checkpoint_prefix(exc)}no space left on device ({_first_line(exc)}); {_SPACE}", EXIT_FAILURE
     if _is_corrupt_checkpoint(exc):
-        path = _checkpoint_file(exc)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        where = f"{path}: " if path else ""
-        return (f"{where}corrupt or truncated checkpoint ({first}); delete it and run again to recompute the step "
-                "that wrote it"), EXIT_FAILURE
+        return (f"{_checkpoint_prefix(exc)}corrupt or truncated checkpoint ({_first_line(exc)}); delete it and run "
+                "again to recompute the step that wrote it"), EXIT_FAILURE
     if isinstance(exc, yaml.YAMLError):
         mark = getattr(exc, "problem_mark", None)
         where = f"{mark.name}: line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -246,8 +252,7 @@ def one_line(exc: BaseException) -> tuple[str, int]:
         return str(exc.args[0] if exc.args else exc), EXIT_USAGE
     if isinstance(exc, ValueError):
         return str(exc), EXIT_USAGE
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}", EXIT_FAILURE
+    return f"{type(exc).__name__}: {_first_line(exc, '')}", EXIT_FAILURE
 
 
 def _quick_teardown() -> None:

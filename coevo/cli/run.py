@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import Any, Protocol, TYPE_CHECKING
 
 import typer
 
@@ -132,6 +132,15 @@ def load_flow(method: str) -> Flow:
     from prefect.utilities.importtools import import_object  # what entrypoints load with: a path, not a package
 
     return import_object(f"{common}:method_flow")(method)
+
+
+class CommandState(Protocol):
+    """What the log and error handling of a command read (RunState here, coevo.cli.train.TrainState)."""
+
+    command: str  # names the log file
+    log_path: Path | None
+
+    def interrupted(self) -> str: ...
 
 
 class RunState:
@@ -252,7 +261,7 @@ def run_method(
 
 
 @contextlib.contextmanager
-def library_output(state: RunState, verbose: bool) -> Iterator[Any]:
+def library_output(state: CommandState, verbose: bool) -> Iterator[Any]:
     """Library output (trainer dictionaries, progress bars, warnings, the Prefect server's lines) to
     ``logs/coevo-<command>-<time>.log``, named once on the screen; ``--verbose`` keeps it all on screen."""
     if verbose_wanted(verbose):
@@ -267,7 +276,7 @@ def library_output(state: RunState, verbose: bool) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def run_errors(state: RunState, verbose: bool) -> Iterator[None]:
+def run_errors(state: CommandState, verbose: bool) -> Iterator[None]:
     """`user_errors`, then the log's path under a failure's one line (its traceback is there)."""
     try:
         with user_errors(verbose, state.interrupted):

@@ -78,10 +78,12 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
         # inputs checked: from here trainer dictionaries, progress bars and warnings go to logs/ (as in `coevo run`)
         with library_output(state, verbose):
             rows = run.run(on_phase=done)
-        stopped = run.early_stop()
-        if stopped is not None and stopped.stop and not quiet:
-            console.print(f"early stopping: val {stopped.metric} has not improved for {stopped.stale} evaluation(s) "
-                          f"(best {stopped.best:.4f})", highlight=False)
+        # the method says so itself, but under the redirection above its line went to the log
+        skipped = next((p for p in run.phases() if not run.is_done(p.name)), None)
+        stopped = run.stop_before(skipped.name) if skipped is not None else None
+        if stopped is not None and not quiet:
+            console.print(f"early stopping before {skipped.name}: {stopped.metric} has not improved for "
+                          f"{stopped.stale} evaluation(s) (best {stopped.best:.4f})", highlight=False)
     if not distributed.is_writer():
         return
     console.print(results_table(run, rows))
