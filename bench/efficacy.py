@@ -303,7 +303,8 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
     counts = json.loads((pipe.layout.processed / "dataset.json").read_text()).get("counts", {})
     term.say(f"data: {counts}")
     with Tracker(uri=params.tracking.uri, artifact_root=params.tracking.artifact_root,
-                 experiment=f"efficacy-{args.method}", run_name=f"{args.method}-s{args.seed}-{args.budget_min:g}min") as tr:
+                 experiment=f"efficacy-{args.method}", run_name=f"{args.method}-s{args.seed}-{args.budget_min:g}min",
+                 system_metrics_s=params.tracking.system_metrics_s) as tr:
         tr.log_params({"budget_min": args.budget_min, "seed": args.seed, "queries": args.queries or spec["queries"],
                        "overlays": ",".join(p.name for p in overlays), "overrides": " ".join(args.overrides),
                        **{k: v for k, v in flatten(params.model_dump(mode="json")).items()

@@ -164,6 +164,10 @@ class TrackingParams(Section):
         min_length=1, description="Folder where MLflow stores run artifacts (plots, reports, metrics.json), inside the "
         "project."
     )
+    system_metrics_s: Float = Field(
+        ge=0.0, description="Seconds between MLflow system-metrics samples of a run (CPU, memory, disk, network, GPU "
+        "with pynvml: the run's System metrics tab), logged while it trains; 0 turns them off."
+    )
 
 
 class DvcParams(Section):

@@ -1,7 +1,9 @@
 """Where each artifact of a method's pipeline lives, relative to the project root.
 
 The run directory belongs to the method (``coevo.methods``: nothing else knows a file name
-inside it); the other paths are the pipeline's outputs that DVC tracks and users open.
+inside it), except ``params.yaml`` at its root: the resolved params it was last trained with,
+so that serving a run folder needs nothing re-passed. The other paths are the pipeline's
+outputs that DVC tracks and users open.
 """
 
 from __future__ import annotations
@@ -10,6 +12,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from coevo.config import Params
+
+RUN_PARAMS = "params.yaml"
+RUN_PARAMS_HEADER = """\
+# The params this run folder was last trained with (params.yaml + overlays + --set, resolved), written by
+# coevo when its train stage starts; `coevo search -m <run folder>` and `coevo evaluate` read them.
+"""
+
+
+def write_run_params(run_dir: Path, params: Params) -> Path:
+    """``<run_dir>/params.yaml`` := ``params`` resolved (atomic; untouched when the same).
+
+    Every rank of a multi-process launch calls it: rank 0 alone decides and writes, and all
+    ranks meet at one barrier after, so they stay in step (a collective write decided per rank
+    could leave rank 0 at a barrier the others skipped).
+    """
+    import yaml
+
+    from coevo import distributed
+    from coevo.io import write_text
+
+    path = Path(run_dir) / RUN_PARAMS
+    text = RUN_PARAMS_HEADER + yaml.safe_dump(params.model_dump(mode="json"), sort_keys=False, width=120)
+    if distributed.is_writer() and not (path.is_file() and path.read_text() == text):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(path, text, collective=False)
+    distributed.barrier()
+    return path
 
 
 @dataclass(frozen=True)

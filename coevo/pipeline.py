@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from coevo.baselines import DEFAULT_ENCODER
-from coevo import distributed
+from coevo import distributed, progress
 from coevo.config import Params
-from coevo.layout import Layout
+from coevo.layout import Layout, write_run_params
 from coevo.methods.base import MONITOR_SPLIT, Method, method_class
 from coevo.retrieval.bm25 import BM25_B, BM25_K1
-from coevo.steps import code_hash, fingerprint, is_done, read_stamp, run_stamped, select, step_key
+from coevo.steps import code_hash, fingerprint, is_done, output_change, read_stamp, run_stamped, select, step_key
 
 if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
     from coevo.data.schema import Dataset
@@ -107,6 +107,11 @@ class Pipeline:
 
         def run() -> dict[str, Any]:
             if not done() and distributed.is_writer():  # outputs changed under a matching key (a DVC checkout): redo
+                recorded = read_stamp(stamp)
+                if recorded and recorded.get("key") == key and recorded.get("state") == "done":
+                    change = output_change(recorded, outputs)
+                    if change is not None:
+                        progress.notice(f"{label}: {change}; running it again")
                 stamp.unlink(missing_ok=True)
             return run_stamped(stamp, key, outputs, work)
 
@@ -169,6 +174,10 @@ class Pipeline:
         method, phase = self.method, self.method.phase(name)
         return Step(f"{self.name}-{name}", phase.label, "train", method.key(name),
                     lambda: method.run_phase(name), lambda: method.is_done(name))
+
+    def record_params(self) -> Path:
+        """The run folder's own params.yaml (what its train stage resolved): serving it needs nothing re-passed."""
+        return write_run_params(self.layout.run_dir, self.params)
 
     def train_steps(self, prune: bool = True) -> Iterator[Step]:
         """The phases still to run, lazily: early stopping is decided after each one finishes."""

@@ -6,6 +6,7 @@ Flows call :func:`plan`, :func:`started` and :func:`finished`; a listener regist
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -14,6 +15,7 @@ class StepListener:
     def plan(self, total: int, title: str) -> None: ...
     def started(self, label: str) -> None: ...
     def finished(self, label: str, cached: bool) -> None: ...
+    def notice(self, text: str) -> None: ...
 
 
 _listeners: list[StepListener] = []
@@ -44,6 +46,15 @@ def finished(label: str, cached: bool) -> None:
     _counts["cached" if cached else "executed"] += 1
     for listener in _listeners:
         listener.finished(label, cached)
+
+
+def notice(text: str) -> None:
+    """A one-line notice for the user (a step's outputs changed and it runs again); logged when
+    nobody listens."""
+    if not _listeners:
+        logging.getLogger("coevo").warning(text)
+    for listener in _listeners:
+        listener.notice(text)
 
 
 def counts() -> dict[str, int]:

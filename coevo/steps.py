@@ -3,8 +3,11 @@
 A step (a data step, a method phase, an evaluation step) has a *key*: the md5 of its name,
 the params subtree it depends on, the fingerprints of what it reads (the data set, the keys
 of the phases it reads) and the source of the library code it runs. When a step finishes,
-its result is stored with its key in a *stamp* file; the step is done while the stamp's key
-equals the key computed now and its outputs exist.
+its result is stored with its key in a *stamp* file, with the DVC md5, size and file count of
+each output; the step is done while the stamp's key equals the key computed now and its
+outputs are still what was written (sizes on every check, md5s once per process and whenever
+a file's size or mtime changed). An output that no longer matches is named in a one-line
+notice and its step runs again.
 
 Everything that decides whether work is redone calls these functions: the library's resume
 check (``coevo train``), the Prefect cache key of every task (``coevo run``), and the
@@ -23,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from coevo import distributed
+from coevo import distributed, progress
 from coevo.io import read_json, write_json
 
 ABSENT = "absent"
@@ -102,11 +105,64 @@ def read_stamp(path: Path) -> dict[str, Any] | None:
     return read_json(path) if path.exists() else None
 
 
+def _files(path: Path) -> list[tuple[str, int, int]]:
+    """(relative name, size, mtime_ns) of a file, or of every file below a folder."""
+    if not path.is_dir():
+        info = path.stat()
+        return [("", info.st_size, info.st_mtime_ns)]
+    return sorted((str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns)
+                  for f in path.rglob("*") if f.is_file())
+
+
+def output_record(outputs: Iterable[Path]) -> list[dict[str, Any]]:
+    """What a stamp records of each output: its DVC md5 (as ``dvc.lock`` would) and each file's size."""
+    return [{"path": Path(path).name, "md5": fingerprint(path),
+             "sizes": {name: size for name, size, _ in _files(Path(path))}} for path in outputs]
+
+
+# md5s verified in this process: first output -> (key, the (name, size, mtime_ns) listings checked)
+_verified: dict[str, tuple] = {}
+
+
+def output_change(stamp: Mapping[str, Any], outputs: Sequence[Path]) -> str | None:
+    """Why a done step's outputs are no longer what it wrote (``<file>: missing``, ``<file>: 64 bytes,
+    8,123 when written``, ``<output>: content changed ...``), or None while they are. Sizes are
+    compared on every call, md5s once per process and again when a size or mtime moved. Stamps
+    written before outputs were recorded are checked for existence only."""
+    for path in outputs:
+        if not Path(path).exists():
+            return f"{path}: missing"
+    recorded = stamp.get("outputs")
+    if not isinstance(recorded, list) or len(recorded) != len(outputs):
+        return None
+    listings = []
+    for path, entry in zip(outputs, recorded):
+        files = _files(Path(path))
+        sizes, written = {name: size for name, size, _ in files}, entry.get("sizes", {})
+        for name in sorted(set(sizes) | set(written)):
+            where = Path(path) / name if name else Path(path)
+            if name not in sizes:
+                return f"{where}: missing"
+            if name not in written:
+                return f"{where}: not written by the step"
+            if sizes[name] != written[name]:
+                return f"{where}: {sizes[name]:,} bytes, {written[name]:,} when written"
+        listings.append(tuple(files))
+    seen = (stamp.get("key"), tuple(listings))
+    if _verified.get(str(outputs[0])) == seen:
+        return None
+    for path, entry in zip(outputs, recorded):
+        if fingerprint(path) != entry.get("md5"):
+            return f"{path}: content changed since the step finished (md5 {entry.get('md5')} when written)"
+    _verified[str(outputs[0])] = seen
+    return None
+
+
 def is_done(stamp_path: Path, key: str, outputs: Iterable[Path] = ()) -> bool:
-    """Finished with this key, and every output is still there."""
+    """Finished with this key, and every output is still what the step wrote."""
     stamp = read_stamp(stamp_path)
     return bool(stamp and stamp.get("state") == "done" and stamp.get("key") == key
-                and all(Path(p).exists() for p in outputs))
+                and output_change(stamp, list(outputs)) is None)
 
 
 def remove_outputs(outputs: Iterable[Path]) -> None:
@@ -123,17 +179,28 @@ def remove_outputs(outputs: Iterable[Path]) -> None:
 
 def run_stamped(stamp_path: Path, key: str, outputs: Sequence[Path], work: Callable[[], dict[str, Any]],
                 resumable: bool = False, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Run ``work`` unless done with ``key``; store its result with the key.
+    """Run ``work`` unless done with ``key``; store its result with the key and its outputs' record.
 
     Outputs of an earlier key are removed first. With ``resumable``, partial outputs of an
-    interrupted attempt *with the same key* are kept, so the step can continue from them.
+    interrupted attempt *with the same key* are kept, so the step can continue from them; a
+    finished step whose outputs changed afterwards (truncated, edited, partly deleted) is
+    redone from scratch, with a notice naming the file.
     """
     stamp = read_stamp(stamp_path)
-    if stamp and stamp.get("key") == key and stamp.get("state") == "done" and all(Path(p).exists() for p in outputs):
-        return stamp["result"]
-    if not (resumable and stamp and stamp.get("key") == key):
+    same_key = bool(stamp and stamp.get("key") == key)
+    if same_key and stamp.get("state") == "done":
+        change = output_change(stamp, list(outputs))
+        if change is None:
+            return stamp["result"]
+        progress.notice(f"{stamp_path.stem}: {change}; running it again")
+        resumable = False
+    if not (resumable and same_key):
         remove_outputs(outputs)
     write_json(stamp_path, {"key": key, "state": "running", **(meta or {})})
     result = work()
-    write_json(stamp_path, {"key": key, "state": "done", "result": result, **(meta or {})})
+    written = output_record(outputs) if outputs else []
+    write_json(stamp_path, {"key": key, "state": "done", "result": result, **(meta or {}),
+                            **({"outputs": written} if written else {})})
+    if written:
+        _verified[str(outputs[0])] = (key, tuple(tuple(_files(Path(p))) for p in outputs))
     return result

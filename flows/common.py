@@ -100,7 +100,7 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
     # val metrics (and its GRPO/DPO step curves) as the phase ends, then the final table. It ends
     # FINISHED, FAILED, or KILLED on Ctrl-C (Tracker.__exit__).
     with Tracker(uri=params.tracking.uri, artifact_root=params.tracking.artifact_root,
-                 experiment=pipe.name) as tracker:
+                 experiment=pipe.name, system_metrics_s=params.tracking.system_metrics_s) as tracker:
         tracker.log_params(params.flat())
         tracker.set_tags({**_tags(pipe), "coevo.stage": stage})
         resolved = load_tree(_paths(params_path), list(overrides or []))  # as parsed above, before validation
@@ -139,6 +139,7 @@ def _data_and_train(pipe: Pipeline, stage: str, train: Callable[[], None] | None
     elif stage != "prepare":
         pipe.require_validated()
     if wants(stage, "train"):
+        pipe.record_params()
         if train is not None:
             train()
         else:

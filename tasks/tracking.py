@@ -117,7 +117,8 @@ def absolute_uri(uri: str) -> str:
 class Tracker:
     """One MLflow run. Use as a context manager; failure inside marks the run FAILED."""
 
-    def __init__(self, *, uri: str, artifact_root: str, experiment: str, run_name: str | None = None) -> None:
+    def __init__(self, *, uri: str, artifact_root: str, experiment: str, run_name: str | None = None,
+                 system_metrics_s: float = 0.0) -> None:
         check_reachable(uri)
         import mlflow
         from mlflow.tracking import MlflowClient
@@ -146,6 +147,8 @@ class Tracker:
                 self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         self.run_id: str | None = None
         self._mlflow = mlflow
+        self.system_metrics_s = system_metrics_s
+        self._system_monitor = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> "Tracker":
@@ -153,11 +156,19 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=name)
         self.run_id = run.info.run_id
         self.run_name = name
+        if self.system_metrics_s > 0:  # MLflow's own sampler thread: the run's System metrics tab
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._system_monitor = SystemMetricsMonitor(self.run_id, sampling_interval=self.system_metrics_s,
+                                                        tracking_uri=self.uri)
+            self._system_monitor.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.run_id is None:
             return
+        if self._system_monitor is not None:
+            self._system_monitor.finish()
         status = "FINISHED" if exc_type is None else ("KILLED" if exc_type is KeyboardInterrupt else "FAILED")
         self.client.set_terminated(self.run_id, status=status)
 

@@ -566,6 +566,45 @@ def test_a_truncated_safetensors_checkpoint_is_named(tmp_path):
     assert verbose.exit_code == 1 and "Traceback" in verbose.output
 
 
+@pytest.mark.slow
+def test_a_finished_phase_whose_adapter_was_truncated_runs_again_with_a_notice(tmp_path):
+    """Stamps record their outputs' md5 and sizes: a truncated adapter inside a finished phase is
+    named in one line and the phase is redone (byte-identical), the phases after it stay done."""
+    project = make_project(tmp_path / "p")
+    env = cli_env(project)
+
+    def train() -> subprocess.CompletedProcess:
+        return subprocess.run([COEVO, "train", "cogr", "--set", "cogr.rounds=1"], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=900)
+
+    for stage in ("prepare", "validate"):
+        prepared = subprocess.run([COEVO, "run", "cogr", "--stage", stage], cwd=project, env=env, capture_output=True,
+                                  text=True, timeout=300)
+        assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    first = train()
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_dir = project / RUN_DIR
+    from coevo.config import load_params
+
+    assert load_params(run_dir / "params.yaml").cogr.rounds == 1  # the folder records what it was trained with
+    stamp = json.loads((run_dir / "stamps" / "00_sft.json").read_text())
+    from coevo.steps import fingerprint
+
+    assert [o["md5"] for o in stamp["outputs"]] == [fingerprint(run_dir / w) for w in stamp["writes"]]
+    adapter = run_dir / "phases" / "00_sft" / "generators" / "query" / "adapter" / "adapter_model.safetensors"
+    original, later = adapter.read_bytes(), (run_dir / "stamps" / "02_item.json").stat().st_mtime_ns
+    adapter.write_bytes(original[:64])
+
+    again = train()
+    assert again.returncode == 0, again.stdout + again.stderr
+    notices = [line for line in again.stdout.splitlines() if line.startswith("notice")]
+    assert notices == [f"notice 00_sft: {adapter.relative_to(project)}: 64 bytes, {len(original):,} when written; "
+                       "running it again"], again.stdout
+    assert adapter.read_bytes() == original  # redone from scratch, and deterministic
+    assert (run_dir / "stamps" / "02_item.json").stat().st_mtime_ns == later  # what reads it stays done
+    assert train().stdout.count("notice") == 0  # verified once more, nothing to redo
+
+
 def test_disk_full_while_preparing_is_one_line_and_keeps_finished_files(tmp_path, monkeypatch):
     real = pd.DataFrame.to_parquet
     calls = []

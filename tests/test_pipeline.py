@@ -122,6 +122,41 @@ def test_stamps_rerun_on_a_new_key_and_resume_on_the_same(tmp_path):
     assert step_key("a", {"x": 1}, ["d"], "c") != step_key("a", {"x": 2}, ["d"], "c")
 
 
+def test_stamps_verify_their_outputs_and_redo_a_step_whose_outputs_changed(tmp_path, caplog):
+    from coevo.steps import fingerprint, output_change, read_stamp
+
+    out, stamp = tmp_path / "out", tmp_path / "stamps" / "train.json"
+    calls = []
+
+    def work() -> dict:
+        calls.append(1)
+        out.mkdir(exist_ok=True)
+        (out / "weights.bin").write_bytes(b"w" * 100)
+        (out / "config.json").write_text('{"a": 1}')
+        return {"n": len(calls)}
+
+    run_stamped(stamp, "k", [out], work, resumable=True)
+    recorded = read_stamp(stamp)["outputs"]
+    assert recorded == [{"path": "out", "md5": fingerprint(out), "sizes": {"config.json": 8, "weights.bin": 100}}]
+    (out / "weights.bin").write_bytes(b"w" * 64)  # truncated
+    assert output_change(read_stamp(stamp), [out]) == f"{out / 'weights.bin'}: 64 bytes, 100 when written"
+    assert not is_done(stamp, "k", [out])
+    with caplog.at_level("WARNING", logger="coevo"):
+        assert run_stamped(stamp, "k", [out], work, resumable=True) == {"n": 2}  # redone, not resumed
+    assert caplog.messages == [f"train: {out / 'weights.bin'}: 64 bytes, 100 when written; running it again"]
+    assert is_done(stamp, "k", [out]) and (out / "weights.bin").read_bytes() == b"w" * 100
+
+    (out / "config.json").write_text('{"a": 2}')  # same size, other bytes: the md5 check
+    assert output_change(read_stamp(stamp), [out]).startswith(f"{out}: content changed since the step finished")
+    (out / "config.json").write_text('{"a": 1}')
+    assert is_done(stamp, "k", [out])  # the same bytes again: done
+    (out / "extra.bin").write_bytes(b"x")
+    assert output_change(read_stamp(stamp), [out]) == f"{out / 'extra.bin'}: not written by the step"
+    (out / "extra.bin").unlink()
+    (out / "config.json").unlink()
+    assert output_change(read_stamp(stamp), [out]) == f"{out / 'config.json'}: missing"
+
+
 def test_early_stopping_counts_evaluations_since_the_best():
     state = early_stopping([0.1, 0.3, 0.3, 0.2], "f1", patience=2, min_delta=0.0)
     assert (state.best, state.best_index, state.stale, state.stop) == (0.3, 1, 2, True)

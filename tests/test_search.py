@@ -262,6 +262,28 @@ def test_cli_search_prints_ranked_items_json_lines_and_a_file_of_queries(runs, r
     assert missing.exit_code == 2 and "no such folder" in missing.output
 
 
+def test_a_run_folder_brings_its_own_params_so_search_needs_nothing_re_passed(runs, retrievers, tmp_path,
+                                                                              monkeypatch):
+    import shutil
+
+    from coevo.layout import RUN_PARAMS, write_run_params
+
+    run = runs["cogr"]
+    root = tmp_path / "copy"
+    shutil.copytree(run.root, root)
+    run_dir = root / run.run_dir.relative_to(run.root)
+    monkeypatch.chdir(REPO_ROOT)  # the default -p params.yaml is the project's, not what the run was trained with
+    bare = ["search", "--model", str(run_dir), QUERIES[0], "--k", "4", "--json"]
+    refused = CliRunner().invoke(cli(), bare)
+    assert refused.exit_code == 2 and "trained with other params" in " ".join(refused.output.split()), refused.output
+
+    written = write_run_params(run_dir, run.params)
+    assert written == run_dir / RUN_PARAMS and load_params(written) == run.params
+    found = CliRunner().invoke(cli(), bare)
+    assert found.exit_code == 0, found.output
+    assert json.loads(found.stdout.strip().splitlines()[-1]) == retrievers["cogr"].search(QUERIES[:1], k=4)[0]
+
+
 @pytest.mark.parametrize("method", ["cogr", "grape", "cohyde"])
 def test_coevo_search_over_the_test_queries_gives_the_final_evaluations_per_query_values(runs, tmp_path, method):
     """Serving runs evaluation's code: the rankings `coevo search --json` returns for every test query

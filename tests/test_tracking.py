@@ -77,6 +77,26 @@ def test_tracker_logs_params_steps_tags_and_artifacts(tmp_path: Path, monkeypatc
     assert (tmp_path / "mlruns" / "cogr" / run_id / "artifacts" / "metrics.json").exists()
 
 
+def test_a_run_samples_system_metrics_while_it_is_open(tmp_path: Path, monkeypatch):
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)
+    with Tracker(uri="sqlite:///mlflow.db", artifact_root="mlruns", experiment="cogr", system_metrics_s=0.2) as tracker:
+        time.sleep(1.5)
+        run_id = tracker.run_id
+    client = MlflowClient(tracker.uri)
+    cpu = client.get_metric_history(run_id, "system/cpu_utilization_percentage")
+    memory = client.get_metric_history(run_id, "system/system_memory_usage_megabytes")
+    assert len(cpu) >= 2 and sorted(m.step for m in cpu) == list(range(len(cpu)))  # a series, not one value
+    assert memory and all(m.value > 0 for m in memory)
+    assert client.get_run(run_id).info.status == "FINISHED"
+    with Tracker(uri="sqlite:///mlflow.db", artifact_root="mlruns", experiment="cogr") as quiet:  # 0: off
+        time.sleep(0.3)
+    assert not [k for k in client.get_run(quiet.run_id).data.metrics if k.startswith("system/")]
+
+
 def test_failed_block_marks_the_run_failed(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RuntimeError):

@@ -34,6 +34,7 @@ from coevo.cli.common import (
     verbose_wanted,
 )
 
+from coevo import progress  # noqa: E402 - step events only (no dependencies)
 from coevo.methods import SPECS  # noqa: E402 - names and help lines only; no method is imported
 
 if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
@@ -69,7 +70,7 @@ def _environment(verbose: bool) -> None:
         logging.getLogger("EventsWorker").setLevel(logging.ERROR)
 
 
-class _RichSteps:
+class _RichSteps(progress.StepListener):
     """Draws the flow's steps as a rich progress bar (one line per finished step)."""
 
     def __init__(self, log: Any = None) -> None:
@@ -114,6 +115,11 @@ class _RichSteps:
             self.progress.advance(self.task_id)
             if self.progress.tasks[0].finished:  # the bar stays on screen: name the run, not its last step
                 self.progress.update(self.task_id, description=self.title)
+
+    def notice(self, text: str) -> None:
+        self.progress.console.print(f"  [yellow]notice[/] {text}", highlight=False)
+        if self.log is not None:
+            self.log.note(f"notice: {text}")
 
 
 def load_flow(method: str) -> Flow:
@@ -249,8 +255,6 @@ def run_method(
             _environment(verbose)
             flow_fn = load_flow(method)
             start_local_prefect()
-            from coevo import progress
-
             steps = state.steps = _RichSteps(log)
             with progress.listening(steps), steps.progress:
                 summary = flow_fn(params_path=[str(p) for p in params_paths], overrides=list(overrides),

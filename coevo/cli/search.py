@@ -8,7 +8,9 @@ MODEL is any of:
 - ``runs:/<run_id>``: the retriever a flow run logged (``runs:/<run_id>/model``);
 - a local folder: an MLflow model (with an ``MLmodel`` file), a saved retriever (with a
   ``manifest.json``), or a run directory (``data/models/<method>/<dataset>``: the phase chosen
-  on val is served; pass the ``--params`` / ``--set`` the run was trained with).
+  on val is served, with the params the folder records in its ``params.yaml``; ``--set``
+  still applies; folders trained before that file existed need the ``--params`` they were
+  trained with).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ if TYPE_CHECKING:  # types only: importing them here would pull in heavy librari
     from coevo.data.schema import Dataset
     from coevo.serving.search import Retriever
 
-PARAMS_HELP = "Params file(s) (repeat to overlay): the tracking store, and for a run directory the params it was trained with."
+PARAMS_HELP = ("Params file(s) (repeat to overlay): the tracking store; a run directory brings its own (its "
+               "params.yaml, what it was trained with).")
 SET_HELP = "Override a param, KEY=VALUE (repeatable)."
 TRACKING_HELP = "MLflow tracking store of models:/ and runs:/ URIs (default: $MLFLOW_TRACKING_URI, else tracking.uri of the params)."
 MODEL_HELP = "models:/coevo-<method>-<dataset>@champion, runs:/<run_id>, a model folder or a run directory."
@@ -79,9 +82,16 @@ def open_model(model: str, *, params_paths: list[Path], overrides: list[str], tr
     if method is None:
         raise ValueError(f"{path}: cannot tell the method of this run directory (it is not <root>/models/<method>/"
                          f"<dataset>); pass --method {'|'.join(SPECS)}")
+    from coevo.layout import RUN_PARAMS
+
+    if (path / RUN_PARAMS).is_file():  # what it was trained with: other params would name other phase keys
+        from coevo.config import load_params
+
+        params = load_params([path / RUN_PARAMS], overrides, method=method)
     if params is None:
-        raise FileNotFoundError(f"{', '.join(map(str, params_paths))}: no params file; a run directory needs the "
-                                "params it was trained with (--params)")
+        raise FileNotFoundError(f"{', '.join(map(str, params_paths))}: no params file, and {path} has no {RUN_PARAMS} "
+                                "of its own (run folders trained before it was recorded); pass the params it was "
+                                "trained with (--params)")
     if data is None:
         layout_data = path.resolve().parent.parent.parent / "processed" / path.name
         data = layout_data if (layout_data / "dataset.json").exists() else \

@@ -12,10 +12,18 @@ from typing import Optional
 
 import typer
 
+from coevo import progress
 from coevo.cli.common import console
 from coevo.methods import SPECS
 
 app = typer.Typer(help="Train a method in-process on a prepared data set (resumable).", no_args_is_help=True)
+
+
+class _Notices(progress.StepListener):
+    """Shows the library's notices (a finished phase whose outputs changed runs again) on screen."""
+
+    def notice(self, text: str) -> None:
+        console.print(f"[yellow]notice[/] {text}", highlight=False)
 
 
 class TrainState:
@@ -51,7 +59,7 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
     from coevo.cli.run import library_output
     from coevo.checks import check_writable
     from coevo.config import load_params
-    from coevo.layout import Layout
+    from coevo.layout import Layout, write_run_params
     from coevo.methods.base import method_class
 
     state = state or TrainState()
@@ -76,7 +84,8 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
                 console.print(f"[green]done[/] {phase.label}" + (f" {shown}" if shown else ""), highlight=False)
 
         # inputs checked: from here trainer dictionaries, progress bars and warnings go to logs/ (as in `coevo run`)
-        with library_output(state, verbose):
+        write_run_params(run_dir, loaded)  # the run folder says how it was trained (coevo search -m RUN_DIR)
+        with library_output(state, verbose), progress.listening(_Notices()):
             rows = run.run(on_phase=done)
         # the method says so itself, but under the redirection above its line went to the log
         skipped = next((p for p in run.phases() if not run.is_done(p.name)), None)
