@@ -1,13 +1,17 @@
-"""Screenshot of the MLflow UI as a user meets it: an experiment's run-comparison page (not CI).
+"""Screenshot of the MLflow UI as a user meets it, and a check of what the page shows (not CI).
 
-    .venv/bin/python bench/mlflow_screenshot.py [--experiment cogr] [--runs 4] [--view compare|runs]
+    .venv/bin/python bench/mlflow_screenshot.py [--experiment cogr] [--runs 4]
+        [--view compare|runs|run|models] [--model NAME] [--expect TEXT ...]
         [--tracking-uri sqlite:///mlflow.db] [--out docs/mlflow_compare_runs.png]
 
 It starts `mlflow ui` on a free port of 127.0.0.1 over the tracking store (default: the
 `tracking.uri` of params.yaml), picks the experiment's latest runs, opens the run-comparison
 page (`#/compare-runs?runs=[...]&experiments=[...]`; `--view runs`: the experiment's run
-list) in headless Chromium (Debian's `chromium` package: `apt-get install -y chromium`),
-saves a PNG and stops both. Chromium is driven over its DevTools protocol (the `websockets`
+list; `--view run`: the latest run's page, `run-metrics` its Model metrics tab; `--view models`: the registered model's page, of
+`--model` or of the latest run) in headless Chromium (Debian's `chromium` package:
+`apt-get install -y chromium`), saves a PNG and stops both. Each `--expect TEXT` must appear
+in the page's visible text (`document.body.innerText`) before `--wait-ms` ends; a missing one
+is named and the script exits 1, after saving the PNG, so the check is what a user sees. Chromium is driven over its DevTools protocol (the `websockets`
 package MLflow already installs): the UI's local settings are set as a user would leave them
 (the sidebar on "Model training", the assistant panel closed), the page gets `--wait-ms` to
 render its tables and charts, then the viewport is captured.
@@ -89,7 +93,7 @@ def stop(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-def page(uri: str, experiment: str, runs: int, view: str) -> str:
+def page(uri: str, experiment: str, runs: int, view: str, model: str | None = None) -> str:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -97,6 +101,11 @@ def page(uri: str, experiment: str, runs: int, view: str) -> str:
     if found is None:
         sys.exit(f"{uri}: no experiment {experiment!r} (run `coevo run {experiment}` first)")
     latest = client.search_runs([found.experiment_id], order_by=["attributes.start_time DESC"], max_results=runs)
+    if view in ("run", "run-metrics") and latest:
+        tab = "/model-metrics" if view == "run-metrics" else ""
+        return f"#/experiments/{found.experiment_id}/runs/{latest[0].info.run_id}{tab}?{MODEL_TRAINING_VIEW}"
+    if view == "models":
+        return f"#/models/{urllib.parse.quote(model or registered_model(client, latest), safe='')}"
     if view == "runs" or len(latest) < 2:
         return f"#/experiments/{found.experiment_id}?{MODEL_TRAINING_VIEW}"
     ids = [r.info.run_id for r in latest]
@@ -105,14 +114,25 @@ def page(uri: str, experiment: str, runs: int, view: str) -> str:
     return f"#/compare-runs?runs={query}&{MODEL_TRAINING_VIEW}"
 
 
+def registered_model(client, runs) -> str:
+    """The registered model a version of which came from one of ``runs`` (newest run first)."""
+    for run in runs:
+        versions = client.search_model_versions(f"run_id = '{run.info.run_id}'")
+        if versions:
+            return versions[0].name
+    sys.exit("no registered model comes from the experiment's latest runs; pass --model NAME")
+
+
 # What a user who closed the assistant and chose "Model training" has in localStorage (MLflow
 # 3.17 stores `<key>_v<version>` = JSON).
 UI_SETTINGS = {"mlflow.workflowType_v1": "machine_learning", "mlflow.assistant.panelOpen_v1": False,
                "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": True}
 
 
-async def capture(browser: str, origin: str, fragment: str, out: Path, size: str, wait_ms: int, profile: str) -> None:
-    """Open ``origin/fragment`` in headless Chromium with UI_SETTINGS, wait, save a PNG."""
+async def capture(browser: str, origin: str, fragment: str, out: Path, size: str, wait_ms: int, profile: str,
+                  expect: list[str] = ()) -> list[str]:
+    """Open ``origin/fragment`` in headless Chromium with UI_SETTINGS, wait, save a PNG; return
+    the ``expect`` texts the page did not show within ``wait_ms`` (it stops waiting once all show)."""
     import websockets
 
     port = free_port()
@@ -156,9 +176,22 @@ async def capture(browser: str, origin: str, fragment: str, out: Path, size: str
                              for k, v in UI_SETTINGS.items())
             await call("Runtime.evaluate", expression=script)
             await call("Page.navigate", url=f"{origin}/{fragment}")
-            await asyncio.sleep(wait_ms / 1000)
+            deadline = time.monotonic() + wait_ms / 1000
+            missing = list(expect)
+            while True:
+                await asyncio.sleep(0.5)
+                if expect:
+                    shown = await call("Runtime.evaluate", expression="document.body.innerText", returnByValue=True)
+                    text = shown.get("result", {}).get("value") or ""
+                    missing = [e for e in expect if e not in text]
+                    if not missing:
+                        await asyncio.sleep(1)  # the text is there: let charts finish drawing for the PNG
+                        break
+                if time.monotonic() > deadline:
+                    break
             shot = await call("Page.captureScreenshot", format="png")
             out.write_bytes(base64.b64decode(shot["data"]))
+            return missing
     finally:
         stop(proc)
 
@@ -168,24 +201,32 @@ def main() -> None:
     parser.add_argument("--tracking-uri", default=None, help="MLflow store (default: tracking.uri of params.yaml)")
     parser.add_argument("--experiment", default="cogr")
     parser.add_argument("--runs", type=int, default=4, help="latest runs to compare")
-    parser.add_argument("--view", choices=("compare", "runs"), default="compare")
+    parser.add_argument("--view", choices=("compare", "runs", "run", "run-metrics", "models"), default="compare")
+    parser.add_argument("--model", help="registered model for --view models (default: the latest run's)")
+    parser.add_argument("--expect", action="append", default=[], help="text the page must show (repeatable)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "mlflow_compare_runs.png")
     parser.add_argument("--size", default="1600,1000", help="viewport, WIDTH,HEIGHT")
     parser.add_argument("--wait-ms", type=int, default=8000, help="time for the page to render")
     args = parser.parse_args()
     uri = args.tracking_uri or default_uri()
     browser = chromium()
-    fragment = page(uri, args.experiment, args.runs, args.view)
+    fragment = page(uri, args.experiment, args.runs, args.view, args.model)
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="coevo-shot-") as tmp:
         proc = start_ui(uri, port, Path(tmp) / "ui.log")
         try:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            asyncio.run(capture(browser, f"http://127.0.0.1:{port}", fragment, args.out.resolve(), args.size,
-                                args.wait_ms, f"{tmp}/profile"))
+            missing = asyncio.run(capture(browser, f"http://127.0.0.1:{port}", fragment, args.out.resolve(),
+                                          args.size, args.wait_ms, f"{tmp}/profile", args.expect))
         finally:
             stop(proc)
-    print(f"http://127.0.0.1:{port}/{fragment}\nsaved {args.out}")
+    print(f"http://127.0.0.1:{port}/{fragment}")
+    if args.expect:
+        print("shows: " + ", ".join(repr(e) for e in args.expect if e not in missing))
+    if missing:
+        print(f"saved {args.out}")
+        sys.exit("the page does not show: " + ", ".join(repr(e) for e in missing))
+    print(f"saved {args.out}")
 
 
 if __name__ == "__main__":

@@ -424,8 +424,8 @@ def register_top_level(root: typer.Typer) -> None:
 
             # the numerics decide the figures (bf16 where the CPU has it, else fp32): say which up front
             shown = describe_numerics(numerics(load_params(list(DEMO_PARAMS), list(overrides))))
-            console.print("[bold]coevo demo[/]: CoGR on data/sample/metatool with smollm2-135m "
-                          f"({shown}), params.yaml + params/cpu.yaml + params/demo.yaml", soft_wrap=True)
+            console.print(f"[bold]coevo demo[/]: CoGR on data/sample/metatool with smollm2-135m on CPU, {shown}; "
+                          "params.yaml + params/cpu.yaml + params/demo.yaml", soft_wrap=True)
             summary = run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose, state=state)
             audit = ("`dvc repro -f` re-runs every stage from records/cogr.yaml (its steps hit the cache by key), "
                      "`dvc status`, `dvc exp show`" if (summary.get("dvc") or {}).get("experiment") else
