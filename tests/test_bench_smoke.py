@@ -38,6 +38,7 @@ SMOKED = {
     "pipeline_overhead.py": "test_pipeline_overhead",
     "staleness_table.py": "test_staleness_table",
     "mlflow_screenshot.py": "test_mlflow_screenshot",
+    "demo_quote.py": "test_demo_quote",
     "gpu_check.sh": "test_gpu_check_dry_run",
     "efficacy.py": "test_efficacy",
 }
@@ -202,7 +203,8 @@ def test_efficacy(tmp_path):
 
 
 # ------------------------------------------------------------------ MLflow UI screenshot
-def _store_with_runs(tmp_path: Path, runs: int = 2) -> tuple[str, list[str]]:
+def _store_with_runs(tmp_path: Path, runs: int = 2, open_last: bool = False) -> tuple[str, list[str]]:
+    """A store with ``runs`` finished runs of experiment cogr (the last one still RUNNING with ``open_last``)."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -212,7 +214,8 @@ def _store_with_runs(tmp_path: Path, runs: int = 2) -> tuple[str, list[str]]:
     for i in range(runs):
         run = client.create_run(experiment, run_name=f"run-{i}")
         client.log_metric(run.info.run_id, "test/f1", 0.1 * i)
-        client.set_terminated(run.info.run_id)
+        if not (open_last and i == runs - 1):
+            client.set_terminated(run.info.run_id)
         ids.append(run.info.run_id)
     return uri, ids
 
@@ -227,6 +230,11 @@ def test_mlflow_screenshot_page(tmp_path):
     assert compare.startswith("#/compare-runs?runs=") and compare.endswith("&workflowType=machine_learning")
     assert all(run_id in compare for run_id in ids)
     assert re.fullmatch(r"#/experiments/\d+\?workflowType=machine_learning", module.page(uri, "cogr", 4, "runs"))
+    assert module.page(uri, "cogr", 4, "run").endswith(f"/runs/{ids[-1]}?workflowType=machine_learning")
+    assert module.page(uri, "cogr", 4, "run-metrics").endswith(f"/runs/{ids[-1]}/model-metrics?workflowType=machine_learning")
+    assert module.page(uri, "cogr", 4, "models", model="coevo cogr") == "#/models/coevo%20cogr"
+    with pytest.raises(SystemExit, match="no registered model"):
+        module.page(uri, "cogr", 4, "models")
     with pytest.raises(SystemExit, match="no experiment 'grape'"):
         module.page(uri, "grape", 4, "compare")
 
@@ -242,3 +250,44 @@ def test_mlflow_screenshot(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/#/compare-runs\?runs=.+", lines[-2]), lines[-2]
     last_line(lines, rf"saved {re.escape(str(out))}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not any(shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")),
+                    reason="no Chromium on this machine (Debian: apt-get install -y chromium)")
+def test_mlflow_page_check(tmp_path):
+    """--expect reads the page as a user sees it: a run still open shows as Running on its page,
+    and a text the page does not show fails the check by name (exit 1, the PNG still saved)."""
+    uri, _ = _store_with_runs(tmp_path, open_last=True)
+    out = tmp_path / "run.png"
+    lines = run_bench(script("mlflow_screenshot.py", "--tracking-uri", uri, "--view", "run", "--out", str(out),
+                             "--size", "1000,700", "--wait-ms", "30000", "--expect", "run-1", "--expect", "Running"),
+                      timeout=300)
+    assert lines[-2] == "shows: 'run-1', 'Running'", lines
+    missing = subprocess.run(script("mlflow_screenshot.py", "--tracking-uri", uri, "--view", "run", "--out",
+                                    str(out), "--size", "1000,700", "--wait-ms", "5000", "--expect", "no such text"),
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 1, missing.stdout + missing.stderr
+    assert missing.stderr.strip().endswith("the page does not show: 'no such text'"), missing.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------ the README's demo quote
+@pytest.mark.slow
+@pytest.mark.java
+def test_demo_quote(tmp_path):
+    """The quote from a fresh clone of HEAD with the tiny generator: header with numerics and peak memory."""
+    out = tmp_path / "demo.txt"
+    lines = run_bench(script("demo_quote.py", "--out", str(out), "--set", "cogr.generator=tiny",
+                             "--set", "cogr.seed_generator=null", "--set", "cogr.max_empty_share=1.0",
+                             "--set", "cogr.sft.epochs=1", "--set", "cogr.grpo.max_prompts_per_phase=2",
+                             "--set", "cogr.grpo.num_generations=2", "--set", "cogr.grpo.batch_size=2",
+                             "--set", "cogr.grpo.max_completion_length=8", "--set", "cogr.sampling.max_new_tokens=8"),
+                      timeout=900, env={"TMPDIR": str(tmp_path)})
+    quote = out.read_text().splitlines()
+    assert quote[0].startswith("# `coevo demo` from a fresh clone of ") and quote[0].endswith("bench/demo_quote.py")
+    assert re.fullmatch(r"# numerics of every phase: (bf16|fp32) on \w+ \(torch [\w.+]+\)", quote[2]), quote[2]
+    assert re.match(rf"# wall \d+s; peak resident memory per process: {FLOAT} GB ", quote[3]), quote[3]
+    assert any(line.startswith("coevo demo: CoGR on data/sample/metatool with smollm2-135m on CPU, ") for line in quote)
+    assert any("best phase" in line for line in quote), "no results table in the quote"
+    last_line(lines, rf"demo_wall_s={FLOAT} peak_rss_gb={FLOAT} numerics=(bf16|fp32)/\w+")
