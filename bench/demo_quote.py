@@ -48,7 +48,7 @@ def label(proc) -> str:
     except Exception:  # gone meanwhile
         return "?"
     text = " ".join(Path(cmd[0]).name if i == 0 else part for i, part in enumerate(cmd[:6]))
-    return text[:90]
+    return " ".join(text.split())[:90]  # one line, even for a `python -c` script
 
 
 class PeakMemory:
