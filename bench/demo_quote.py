@@ -52,13 +52,16 @@ def label(proc) -> str:
 
 
 class PeakMemory:
-    """Samples the resident memory of a process and its descendants; keeps each one's peak."""
+    """Samples the resident memory of a process and its descendants; keeps each one's peak, and
+    the root process's peak per step of the demo (``transcript``: the steps it reported done so far)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, transcript: Path) -> None:
         import psutil
 
         self.root = psutil.Process(pid)
+        self.transcript = transcript
         self.peaks: dict[int, tuple[int, str]] = {}
+        self.by_step: dict[int, int] = {}  # steps reported done before the sample -> the root's peak
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -70,6 +73,7 @@ class PeakMemory:
                 procs = [self.root, *self.root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 return
+            finished = done_steps(self.transcript.read_text(errors="replace")) if self.transcript.exists() else []
             for proc in procs:
                 try:
                     rss = proc.memory_info().rss
@@ -78,6 +82,8 @@ class PeakMemory:
                 peak, name = self.peaks.get(proc.pid, (0, ""))
                 if rss > peak:
                     self.peaks[proc.pid] = (rss, name or label(proc))
+                if proc.pid == self.root.pid:
+                    self.by_step[len(finished)] = max(rss, self.by_step.get(len(finished), 0))
             self._stop.wait(SAMPLE_S)
 
     def __enter__(self) -> "PeakMemory":
@@ -91,6 +97,17 @@ class PeakMemory:
     def top(self, n: int = 5) -> list[tuple[float, str]]:
         """The ``n`` largest peaks, in GB, with the process each was seen in."""
         return sorted(((rss / 1e9, name) for rss, name in self.peaks.values()), reverse=True)[:n]
+
+    def steps(self, labels: list[str]) -> list[tuple[str, float]]:
+        """(step, the demo process's peak GB while it ran): a sample taken after ``i`` done-lines
+        belongs to the ``i+1``-th step; after the last one, to the final report."""
+        named = [*labels, "tables, registry, DVC record"]
+        return [(named[i], rss / 1e9) for i, rss in sorted(self.by_step.items()) if i < len(named)]
+
+
+def done_steps(transcript: str) -> list[str]:
+    """The labels of the steps the demo's screen reported done (``  SFT: done in 279.6s``), in order."""
+    return [line.split(": done in ")[0].strip() for line in transcript.splitlines() if ": done in " in line]
 
 
 def stamp_numerics(project: Path) -> list[tuple[str, dict]]:
@@ -136,10 +153,11 @@ def main() -> None:
     started = time.monotonic()
     with open(scratch / "demo.out", "w") as out:
         proc = subprocess.Popen(command, cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT)
-        with PeakMemory(proc.pid) as memory:
+        with PeakMemory(proc.pid, scratch / "demo.out") as memory:
             rc = proc.wait()
     wall = time.monotonic() - started
-    transcript = (scratch / "demo.out").read_text()
+    # rich pads table lines to the terminal width: trailing blanks are noise in a quote
+    transcript = "".join(line.rstrip() + "\n" for line in (scratch / "demo.out").read_text().splitlines())
     if rc != 0:
         sys.exit(f"coevo demo exited {rc} after {wall:.0f}s; its output ended:\n" + "\n".join(transcript.splitlines()[-20:]))
 
@@ -162,11 +180,13 @@ def main() -> None:
         f"# numerics of every phase: {'; '.join(kinds)}",
         f"# wall {wall:.0f}s; peak resident memory per process: "
         + "; ".join(f"{gb:.2f} GB {name}" for gb, name in peaks),
+        "# the demo process's peak per step: "
+        + "; ".join(f"{step} {gb:.2f} GB" for step, gb in memory.steps(done_steps(transcript))),
         "",
     ]
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text("\n".join(header) + transcript)
-    print("\n".join(header[1:4]))
+    print("\n".join(header[1:5]))
     print(f"quote: {dest}")
     if args.keep:
         print(f"scratch clone kept: {project}")

@@ -288,6 +288,9 @@ def test_demo_quote(tmp_path):
     assert quote[0].startswith("# `coevo demo` from a fresh clone of ") and quote[0].endswith("bench/demo_quote.py")
     assert re.fullmatch(r"# numerics of every phase: (bf16|fp32) on \w+ \(torch [\w.+]+\)", quote[2]), quote[2]
     assert re.match(rf"# wall \d+s; peak resident memory per process: {FLOAT} GB ", quote[3]), quote[3]
+    assert re.match(rf"# the demo process's peak per step: prepare data {FLOAT} GB; ", quote[4]), quote[4]
+    assert re.search(rf"; SFT {FLOAT} GB; ", quote[4]), quote[4]
+    assert not [line for line in quote if line != line.rstrip()], "trailing blanks in the quote"
     assert any(line.startswith("coevo demo: CoGR on data/sample/metatool with smollm2-135m on CPU, ") for line in quote)
     assert any("best phase" in line for line in quote), "no results table in the quote"
     last_line(lines, rf"demo_wall_s={FLOAT} peak_rss_gb={FLOAT} numerics=(bf16|fp32)/\w+")
