@@ -22,6 +22,7 @@ from prefect.cache_policies import CachePolicy
 from prefect.context import TaskRunContext
 
 from coevo import progress
+from coevo.memory import release_freed_memory
 from coevo.pipeline import Step
 
 if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
@@ -57,7 +58,10 @@ def _retry_if_transient(_task: Any, _task_run: Any, state: Any) -> bool:
 @task(cache_policy=StepKey(), persist_result=True, result_storage=RESULTS_DIR, result_serializer="json",
       retries=2, retry_delay_seconds=[2, 10], retry_condition_fn=_retry_if_transient)
 def _step(step: Step, key: str) -> dict[str, Any]:
-    return step.run()
+    try:
+        return step.run()
+    finally:
+        release_freed_memory()  # the next step starts from what this one really keeps, not from its peak
 
 
 def execute(step: Step) -> dict[str, Any]:
@@ -77,7 +81,10 @@ def execute(step: Step) -> dict[str, Any]:
 def _remote_step(build: Callable[[], Step], key: str) -> dict[str, Any]:
     """``_step`` for a Ray worker: the step is rebuilt where it runs (its closures hold the
     pipeline and loaded models, which must not travel); same cache key, same result file."""
-    return build().run()
+    try:
+        return build().run()
+    finally:
+        release_freed_memory()
 
 
 @contextlib.contextmanager

@@ -60,6 +60,7 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
     from coevo.checks import check_writable
     from coevo.config import load_params
     from coevo.layout import Layout, write_run_params
+    from coevo.memory import release_freed_memory
     from coevo.methods.base import method_class
 
     state = state or TrainState()
@@ -78,6 +79,7 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
         state.run = run
 
         def done(phase, record) -> None:
+            release_freed_memory()  # the next phase starts from what this one keeps, not from its peak
             if not quiet:
                 shown = " ".join(f"{k}={record['eval'][k]:.4f}" for k in run.table_metrics
                                  if k in record.get("eval", {}))
