@@ -3,8 +3,8 @@
 A step (a data step, a method phase, an evaluation step) has a *key*: the md5 of its name,
 the params subtree it depends on, the fingerprints of what it reads (the data set, the keys
 of the phases it reads) and the source of the library code it runs. When a step finishes,
-its result is stored with its key in a *stamp* file, with the DVC md5, size and file count of
-each output; the step is done while the stamp's key equals the key computed now and its
+its result is stored with its key in a *stamp* file, with each output's DVC md5 and the size
+of every file in it; the step is done while the stamp's key equals the key computed now and its
 outputs are still what was written (sizes on every check, md5s once per process and whenever
 a file's size or mtime changed). An output that no longer matches is named in a one-line
 notice and its step runs again.
@@ -110,8 +110,8 @@ def _files(path: Path) -> list[tuple[str, int, int]]:
     if not path.is_dir():
         info = path.stat()
         return [("", info.st_size, info.st_mtime_ns)]
-    return sorted((str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns)
-                  for f in path.rglob("*") if f.is_file())
+    stats = ((f, f.stat()) for f in path.rglob("*") if f.is_file())
+    return sorted((str(f.relative_to(path)), info.st_size, info.st_mtime_ns) for f, info in stats)
 
 
 def output_record(outputs: Iterable[Path]) -> list[dict[str, Any]]:
