@@ -28,7 +28,13 @@ failures, by name, even when pytest could not print its counts:
   caller's own ``-m``/``-k`` chose none of the file's tests, e.g. ``-m "not slow"`` on a file
   marked slow as a whole). A file that silently lost its tests fails as "no tests collected".
 
-Ctrl-C stops the running file (SIGINT to its process group, SIGKILL after 10 s) and the run.
+Files run ``COEVO_TEST_JOBS`` at a time (default 2: most of a file's time is spent waiting on
+subprocesses, servers and JVM start-up, so two files share 2 cores well; 1 runs them one by
+one). Files in ``SLOW_FIRST`` start first, so that no long file starts last and ends the run
+alone. With more than one job, each job slot has its own ``PREFECT_HOME`` (a temporary folder):
+two ephemeral Prefect servers on one SQLite database lock each other out.
+
+Ctrl-C stops the running files (SIGINT to their process groups, SIGKILL after 10 s) and the run.
 """
 
 from __future__ import annotations
@@ -39,13 +45,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 TIMEOUT_ENV = "COEVO_TEST_FILE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0
+JOBS_ENV = "COEVO_TEST_JOBS"
+DEFAULT_JOBS = 2
+# Files that take minutes (measured: `make test` on 2 cores), longest first; the rest follow by name.
+SLOW_FIRST = ("test_bench_smoke.py", "test_hardening.py", "test_terminal.py", "test_dvc.py",
+              "test_compute_ray.py", "test_flows_cohyde.py", "test_flows_cogr.py")
 # Test files that are meant to collect no tests (pytest exit status 5 is then a pass), by file
 # name, e.g. "test_placeholder.py". Any other file that collects nothing fails.
 EMPTY_ON_PURPOSE: tuple[str, ...] = ()
@@ -95,6 +108,21 @@ def timeout_from_env() -> float | None:
     return value if value > 0 else None
 
 
+def jobs_from_env() -> int:
+    raw = os.environ.get(JOBS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_JOBS
+    if not raw.isdigit() or int(raw) < 1:
+        raise SystemExit(f"error: {JOBS_ENV}={raw!r}: expected a whole number of files to run at a time (1 or more)")
+    return int(raw)
+
+
+def run_order(paths: list[Path]) -> list[Path]:
+    """``SLOW_FIRST`` files first (in that order), then the others by name."""
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    return sorted(paths, key=lambda p: (rank.get(p.name, len(rank)), p.name))
+
+
 def _progress_counts(stdout: str) -> dict[str, int]:
     """Tests that ran before a crash, from pytest's -q progress characters."""
     chars = "".join(line.split("[")[0].strip() for line in stdout.splitlines() if PROGRESS.match(line.strip()))
@@ -115,13 +143,20 @@ def _stop_group(proc: subprocess.Popen, first: int, grace_s: float) -> None:
             continue
 
 
-def run_file(path: Path, root: Path, args: list[str], timeout_s: float | None) -> FileResult:
+RUNNING: set[subprocess.Popen] = set()  # the files' pytest processes, for Ctrl-C
+_RUNNING_LOCK = threading.Lock()
+
+
+def run_file(path: Path, root: Path, args: list[str], timeout_s: float | None,
+             env: dict[str, str] | None = None) -> FileResult:
     """One pytest process on ``path``, in a process group of its own; output through files, so a
     grandchild that keeps a pipe open cannot block the runner."""
     command = [sys.executable, "-m", "pytest", "-q", str(path.relative_to(root)), *args]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
-        proc = subprocess.Popen(command, cwd=root, stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen(command, cwd=root, stdout=out, stderr=err, start_new_session=True, env=env)
+        with _RUNNING_LOCK:
+            RUNNING.add(proc)
         try:
             rc: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -130,6 +165,9 @@ def run_file(path: Path, root: Path, args: list[str], timeout_s: float | None) -
         except BaseException:  # Ctrl-C: stop the file's tests, then stop the run
             _stop_group(proc, signal.SIGINT, INTERRUPT_GRACE_S)
             raise
+        finally:
+            with _RUNNING_LOCK:
+                RUNNING.discard(proc)
         seconds = time.perf_counter() - started
         out.seek(0)
         err.seek(0)
@@ -182,17 +220,46 @@ def _signal_name(number: int) -> str:
 def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | set[str] = EMPTY_ON_PURPOSE) -> int:
     """Every tests_dir/test_*.py in its own pytest process (cwd: tests_dir's parent); 1 if any failed."""
     timeout_s = timeout_from_env()
+    jobs = jobs_from_env()
     totals = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     failing: list[FileResult] = []
     started = time.perf_counter()
-    for path in sorted(tests_dir.glob("test_*.py")):
-        result = judge(run_file(path, tests_dir.parent, args, timeout_s), empty_ok)
-        for key in totals:
-            totals[key] += result.counts.get(key, 0)
-        print(result.line(), flush=True)
-        if result.failing:
-            failing.append(result)
-            print(result.stdout[-20000:], result.stderr[-5000:], sep="\n", flush=True)
+    print_lock = threading.Lock()
+
+    with tempfile.TemporaryDirectory(prefix="coevo-tests-") as scratch:
+        slots = [None] if jobs == 1 else [{**os.environ, "PREFECT_HOME": str(Path(scratch) / f"prefect-home-{i}")}
+                                          for i in range(jobs)]
+        free_slots = list(range(len(slots)))
+
+        def one_file(path: Path) -> None:
+            with print_lock:
+                slot = free_slots.pop()
+            try:
+                result = judge(run_file(path, tests_dir.parent, args, timeout_s, env=slots[slot]), empty_ok)
+            finally:
+                with print_lock:
+                    free_slots.append(slot)
+            with print_lock:  # one file's lines together, as each file ends
+                for key in totals:
+                    totals[key] += result.counts.get(key, 0)
+                print(result.line(), flush=True)
+                if result.failing:
+                    failing.append(result)
+                    print(result.stdout[-20000:], result.stderr[-5000:], sep="\n", flush=True)
+
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        try:
+            for future in [pool.submit(one_file, p) for p in run_order(list(tests_dir.glob("test_*.py")))]:
+                future.result()
+        except BaseException:  # Ctrl-C: stop every running file, start no other
+            pool.shutdown(wait=False, cancel_futures=True)
+            with _RUNNING_LOCK:
+                running = list(RUNNING)
+            for proc in running:
+                _stop_group(proc, signal.SIGINT, INTERRUPT_GRACE_S)
+            raise
+        pool.shutdown()
+    failing.sort(key=lambda r: r.name)
     names = [r.name for r in failing]
     print(f"files: {len(failing)} failing {names if names else ''}; {time.perf_counter() - started:.0f}s")
     closing = f"{totals['passed']} passed, {totals['failed'] + totals['errors']} failed, {totals['skipped']} skipped"

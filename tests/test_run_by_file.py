@@ -54,6 +54,7 @@ def _tests_dir(root: Path, files: dict[str, str]) -> Path:
 
 def test_crashed_and_timed_out_files_count_as_failed_by_name(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(run_by_file.TIMEOUT_ENV, str(TIMEOUT_S))
+    monkeypatch.setenv(run_by_file.JOBS_ENV, "2")  # two at a time: a hanging file does not hold up the others
     tests = _tests_dir(tmp_path, FILES)
     rc = run_by_file.main(["-p", "no:cacheprovider"], tests_dir=tests, empty_ok={"test_e_empty.py"})
     lines = capsys.readouterr().out.strip().splitlines()
@@ -74,12 +75,53 @@ def test_crashed_and_timed_out_files_count_as_failed_by_name(tmp_path, monkeypat
 
 def test_all_passing_and_deselected_files_pass(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(run_by_file.TIMEOUT_ENV, "0")  # 0: no timeout
+    monkeypatch.setenv(run_by_file.JOBS_ENV, "1")
     tests = _tests_dir(tmp_path, {"test_a_pass.py": FILES["test_a_pass.py"],
                                   "test_h_other.py": "def test_other(): pass\n"})
     assert run_by_file.main(["-p", "no:cacheprovider", "-k", "one or skipped"], tests_dir=tests) == 0
     lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[1].startswith("test_h_other.py: ")  # one at a time: in name order
     assert "1 deselected" in lines[1] and lines[1].endswith("(rc=5)")  # -k chose none of its tests
     assert lines[-1] == "1 passed, 0 failed, 1 skipped"
+
+
+def test_files_running_together_have_a_prefect_home_each(tmp_path, monkeypatch, capsys):
+    """Two ephemeral Prefect servers on one SQLite database lock each other out: with 2 jobs, the two
+    files that run at the same time (each waits until the other has started) see two homes."""
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    body = textwrap.dedent(f"""
+        import os, pathlib, time
+        def test_home():
+            seen = pathlib.Path({str(seen)!r})
+            (seen / pathlib.Path(__file__).name).write_text(os.environ.get("PREFECT_HOME", ""))
+            deadline = time.time() + 30
+            while len(list(seen.iterdir())) < 2 and time.time() < deadline:
+                time.sleep(0.1)
+            assert len(list(seen.iterdir())) == 2, "the other file did not run at the same time"
+    """)
+    monkeypatch.setenv(run_by_file.JOBS_ENV, "2")
+    tests = _tests_dir(tmp_path, {"test_x.py": body, "test_y.py": body})
+    assert run_by_file.main(["-p", "no:cacheprovider"], tests_dir=tests) == 0, capsys.readouterr().out
+    homes = {path.read_text() for path in seen.iterdir()}
+    assert len(homes) == 2 and all(Path(home).name.startswith("prefect-home-") for home in homes), homes
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "2 passed, 0 failed, 0 skipped"
+
+
+def test_long_files_start_first_and_jobs_setting(monkeypatch):
+    names = ["test_a.py", "test_hardening.py", "test_z.py", "test_bench_smoke.py"]
+    order = [p.name for p in run_by_file.run_order([Path(n) for n in names])]
+    assert order == ["test_bench_smoke.py", "test_hardening.py", "test_a.py", "test_z.py"]
+    gone = [name for name in run_by_file.SLOW_FIRST if not (run_by_file.TESTS / name).is_file()]
+    assert not gone, f"SLOW_FIRST names files that are gone: {gone}"
+    monkeypatch.delenv(run_by_file.JOBS_ENV, raising=False)
+    assert run_by_file.jobs_from_env() == run_by_file.DEFAULT_JOBS
+    monkeypatch.setenv(run_by_file.JOBS_ENV, "1")
+    assert run_by_file.jobs_from_env() == 1
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv(run_by_file.JOBS_ENV, bad)
+        with pytest.raises(SystemExit, match=f"{run_by_file.JOBS_ENV}={bad!r}"):
+            run_by_file.jobs_from_env()
 
 
 def test_timeout_setting():
