@@ -17,12 +17,11 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 from coevo.baselines import DEFAULT_ENCODER
-from coevo import distributed, progress
 from coevo.config import Params
 from coevo.layout import Layout, write_run_params
 from coevo.methods.base import MONITOR_SPLIT, Method, method_class
 from coevo.retrieval.bm25 import BM25_B, BM25_K1
-from coevo.steps import code_hash, fingerprint, is_done, output_change, read_stamp, run_stamped, select, step_key
+from coevo.steps import code_hash, fingerprint, is_done, read_stamp, run_stamped, select, step_key
 
 if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
     from coevo.data.schema import Dataset
@@ -105,15 +104,8 @@ class Pipeline:
                 return False
             return verify is None or verify(read_stamp(stamp)["result"])
 
-        def run() -> dict[str, Any]:
-            if not done() and distributed.is_writer():  # outputs changed under a matching key (a DVC checkout): redo
-                recorded = read_stamp(stamp)
-                if recorded and recorded.get("key") == key and recorded.get("state") == "done":
-                    change = output_change(recorded, outputs)
-                    if change is not None:
-                        progress.notice(f"{label}: {change}; running it again")
-                stamp.unlink(missing_ok=True)
-            return run_stamped(stamp, key, outputs, work)
+        def run() -> dict[str, Any]:  # outputs changed under a matching key (a DVC checkout): redone, with a notice
+            return run_stamped(stamp, key, outputs, work, label=label, verify=verify)
 
         return Step(name, label, stage, key, run, done)
 

@@ -178,21 +178,24 @@ def remove_outputs(outputs: Iterable[Path]) -> None:
 
 
 def run_stamped(stamp_path: Path, key: str, outputs: Sequence[Path], work: Callable[[], dict[str, Any]],
-                resumable: bool = False, meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                resumable: bool = False, meta: Mapping[str, Any] | None = None, label: str | None = None,
+                verify: Callable[[dict[str, Any]], bool] | None = None) -> dict[str, Any]:
     """Run ``work`` unless done with ``key``; store its result with the key and its outputs' record.
 
     Outputs of an earlier key are removed first. With ``resumable``, partial outputs of an
     interrupted attempt *with the same key* are kept, so the step can continue from them; a
     finished step whose outputs changed afterwards (truncated, edited, partly deleted) is
-    redone from scratch, with a notice naming the file.
+    redone from scratch, with a notice naming the step (``label``, else the stamp's name) and
+    the file. ``verify`` is the step's own check of a finished result (False: run it again).
     """
     stamp = read_stamp(stamp_path)
     same_key = bool(stamp and stamp.get("key") == key)
     if same_key and stamp.get("state") == "done":
         change = output_change(stamp, list(outputs))
-        if change is None:
+        if change is None and (verify is None or verify(stamp["result"])):
             return stamp["result"]
-        progress.notice(f"{stamp_path.stem}: {change}; running it again")
+        if change is not None:
+            progress.notice(f"{label or stamp_path.stem}: {change}; running it again")
         resumable = False
     if not (resumable and same_key):
         remove_outputs(outputs)

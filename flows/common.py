@@ -94,11 +94,13 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
     progress.plan(sum(wants(stage, s) for s in ("prepare", "validate")) + wants(stage, "train") * pipe.phase_count()
                   + wants(stage, "evaluate") * pipe.evaluate_step_count(), f"{pipe.method_cls.title} on {lay.dataset}")
     if not wants(stage, "evaluate"):  # a DVC stage on its own: no MLflow run (the evaluate stage makes it)
-        _data_and_train(pipe, stage, train)
+        _data(pipe, stage)
+        _train(pipe, stage, train)
         return summary(pipe, [])
-    # The MLflow run opens now and fills in while the flow runs: params and tags first, each phase's
-    # val metrics (and its GRPO/DPO step curves) as the phase ends, then the final table. It ends
-    # FINISHED, FAILED, or KILLED on Ctrl-C (Tracker.__exit__).
+    # The MLflow run opens now and fills in while the flow runs: params and tags first, the prepared
+    # data set as its input before training starts, each phase's val metrics (and its GRPO/DPO step
+    # curves) as the phase ends, then the final table. It ends FINISHED, FAILED, or KILLED on Ctrl-C
+    # (Tracker.__exit__).
     with Tracker(uri=params.tracking.uri, artifact_root=params.tracking.artifact_root,
                  experiment=pipe.name, system_metrics_s=params.tracking.system_metrics_s) as tracker:
         tracker.log_params(params.flat())
@@ -106,8 +108,9 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
         resolved = load_tree(_paths(params_path), list(overrides or []))  # as parsed above, before validation
         tracker.log_text(yaml.safe_dump(resolved, sort_keys=False), "params.yaml")  # one file, besides the params
         live = LiveSeries(tracker)
-        _data_and_train(pipe, stage, train, live)
+        _data(pipe, stage)
         tracker.log_input(pipe.layout.processed, name=pipe.layout.dataset, digest=fingerprint(pipe.layout.processed))
+        _train(pipe, stage, train, live)
         # a whole run leaves its DVC record (its resolved params); a single stage is DVC's to record
         return evaluate(pipe, tracker, live, resolved=resolved if stage == ALL else None, stage=stage)
 
@@ -131,13 +134,17 @@ class LiveSeries:
                     self.logged.add((kind, step_no))
 
 
-def _data_and_train(pipe: Pipeline, stage: str, train: Callable[[], None] | None, live: LiveSeries | None = None) -> None:
+def _data(pipe: Pipeline, stage: str) -> None:
+    """Prepare and validate the data set, as far as ``stage`` wants; later stages need it validated."""
     if wants(stage, "prepare"):
         execute(pipe.prepare())
     if wants(stage, "validate"):
         execute(pipe.validate())
     elif stage != "prepare":
         pipe.require_validated()
+
+
+def _train(pipe: Pipeline, stage: str, train: Callable[[], None] | None, live: LiveSeries | None = None) -> None:
     if wants(stage, "train"):
         pipe.record_params()
         if train is not None:

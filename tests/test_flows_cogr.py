@@ -135,6 +135,26 @@ def test_second_run_executes_no_task(project: Path):
     assert len(client.get_metric_history(summary["mlflow"]["run_id"], "eval/f1")) == 3
 
 
+def test_the_run_is_open_with_its_input_when_training_starts(project: Path, monkeypatch):
+    """What the UI shows while SFT runs: a RUNNING run with its params and the prepared data set."""
+    from mlflow.tracking import MlflowClient
+
+    import flows.common
+
+    seen = {}
+    real_train = flows.common._train
+
+    def train_watched(pipe, stage, train, live=None):
+        run = MlflowClient(live.tracker.uri).get_run(live.tracker.run_id)
+        seen.update(status=run.info.status, inputs=[i.dataset.name for i in run.inputs.dataset_inputs],
+                    generator=run.data.params.get("cogr.generator"))
+        return real_train(pipe, stage, train, live)
+
+    monkeypatch.setattr(flows.common, "_train", train_watched)
+    run()
+    assert seen == {"status": "RUNNING", "inputs": ["toy"], "generator": "tiny"}
+
+
 def test_lost_phase_resumes_there_and_reuses_the_rest(project: Path):
     # A run killed during the item phase leaves no 02_item folder (phases commit atomically).
     before = json.loads(Path("data/models/cogr/toy/phases/02_item/metrics.json").read_text())

@@ -157,6 +157,25 @@ def test_stamps_verify_their_outputs_and_redo_a_step_whose_outputs_changed(tmp_p
     assert output_change(read_stamp(stamp), [out]) == f"{out / 'config.json'}: missing"
 
 
+def test_a_stamped_step_names_itself_by_its_label_and_reruns_when_its_own_check_fails(tmp_path, caplog):
+    out, stamp = tmp_path / "out.txt", tmp_path / "prepare-data.json"
+    calls = []
+
+    def work() -> dict:
+        calls.append(1)
+        out.write_text("rows")
+        return {"n": len(calls)}
+
+    assert run_stamped(stamp, "k", [out], work, label="prepare data") == {"n": 1}
+    out.write_text("rows, edited")
+    with caplog.at_level("WARNING", logger="coevo"):
+        assert run_stamped(stamp, "k", [out], work, label="prepare data") == {"n": 2}
+    assert caplog.messages == [f"prepare data: {out}: 12 bytes, 4 when written; running it again"]
+    assert run_stamped(stamp, "k", [out], work, verify=lambda result: True) == {"n": 2}  # its check holds: done
+    assert run_stamped(stamp, "k", [out], work, verify=lambda result: False) == {"n": 3}  # its check fails: redone
+    assert out.read_text() == "rows" and len(calls) == 3
+
+
 def test_early_stopping_counts_evaluations_since_the_best():
     state = early_stopping([0.1, 0.3, 0.3, 0.2], "f1", patience=2, min_delta=0.0)
     assert (state.best, state.best_index, state.stale, state.stop) == (0.3, 1, 2, True)

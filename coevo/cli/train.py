@@ -40,9 +40,8 @@ class TrainState:
         parts = []
         if self.run is not None:
             try:
-                phases = self.run.phases()
-                done = [p for p in phases if self.run.is_done(p.name)]
-                running = next((p for p in phases if not self.run.is_done(p.name)), None)
+                done = [p for p in self.run.phases() if self.run.is_done(p.name)]
+                running = _first_unfinished(self.run)
             except (OSError, ValueError):
                 done, running = [], None
             if running is not None:
@@ -51,6 +50,11 @@ class TrainState:
                          else f"no {self.run.name} phase has finished yet")
         parts.append(f"finished phases are kept; resume with: {resume_command()}")
         return "; ".join(parts)
+
+
+def _first_unfinished(run):
+    """The first phase of ``run`` not finished (the one running, or the one early stopping skipped)."""
+    return next((p for p in run.phases() if not run.is_done(p.name)), None)
 
 
 def _train(method: str, params: list[Path], overrides: list[str], data: Optional[Path], out: Optional[Path],
@@ -90,7 +94,7 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
         with library_output(state, verbose), progress.listening(_Notices()):
             rows = run.run(on_phase=done)
         # the method says so itself, but under the redirection above its line went to the log
-        skipped = next((p for p in run.phases() if not run.is_done(p.name)), None)
+        skipped = _first_unfinished(run)
         stopped = run.stop_before(skipped.name) if skipped is not None else None
         if stopped is not None and not quiet:
             console.print(f"early stopping before {skipped.name}: {stopped.metric} has not improved for "
