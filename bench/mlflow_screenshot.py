@@ -1,13 +1,14 @@
 """Screenshot of the MLflow UI as a user meets it, and a check of what the page shows (not CI).
 
     .venv/bin/python bench/mlflow_screenshot.py [--experiment cogr] [--runs 4]
-        [--view compare|runs|run|models] [--model NAME] [--expect TEXT ...]
-        [--tracking-uri sqlite:///mlflow.db] [--out docs/mlflow_compare_runs.png]
+        [--view compare|charts|runs|run|run-metrics|models] [--model NAME] [--search TEXT] [--expect TEXT ...]
+        [--tracking-uri sqlite:///mlflow.db] [--out docs/mlflow_<view>.png]
 
 It starts `mlflow ui` on a free port of 127.0.0.1 over the tracking store (default: the
 `tracking.uri` of params.yaml), picks the experiment's latest runs, opens the run-comparison
-page (`#/compare-runs?runs=[...]&experiments=[...]`; `--view runs`: the experiment's run
-list; `--view run`: the latest run's page, `run-metrics` its Model metrics tab; `--view models`: the registered model's page, of
+page (`#/compare-runs?runs=[...]&experiments=[...]`; `--view charts`: the experiment's runs
+side by side, one bar chart per metric, `--search summary/` keeping the summary metrics;
+`--view runs`: the experiment's run list; `--view run`: the latest run's page, `run-metrics` its Model metrics tab; `--view models`: the registered model's page, of
 `--model` or of the latest run) in headless Chromium (Debian's `chromium` package:
 `apt-get install -y chromium`), saves a PNG and stops both. Each `--expect TEXT` must appear
 in the page's visible text (`document.body.innerText`) before `--wait-ms` ends; a missing one
@@ -106,6 +107,8 @@ def page(uri: str, experiment: str, runs: int, view: str, model: str | None = No
         return f"#/experiments/{found.experiment_id}/runs/{latest[0].info.run_id}{tab}?{MODEL_TRAINING_VIEW}"
     if view == "models":
         return f"#/models/{urllib.parse.quote(model or registered_model(client, latest), safe='')}"
+    if view == "charts":  # the runs side by side, a chart per metric
+        return f"#/experiments/{found.experiment_id}/runs?compareRunsMode=CHART&{MODEL_TRAINING_VIEW}"
     if view == "runs" or len(latest) < 2:
         return f"#/experiments/{found.experiment_id}?{MODEL_TRAINING_VIEW}"
     ids = [r.info.run_id for r in latest]
@@ -129,10 +132,14 @@ UI_SETTINGS = {"mlflow.workflowType_v1": "machine_learning", "mlflow.assistant.p
                "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1": True}
 
 
+CHART_SEARCH = 'input[placeholder="Search metric charts"]'
+
+
 async def capture(browser: str, origin: str, fragment: str, out: Path, size: str, wait_ms: int, profile: str,
-                  expect: list[str] = ()) -> list[str]:
+                  expect: list[str] = (), search: str | None = None) -> list[str]:
     """Open ``origin/fragment`` in headless Chromium with UI_SETTINGS, wait, save a PNG; return
-    the ``expect`` texts the page did not show within ``wait_ms`` (it stops waiting once all show)."""
+    the ``expect`` texts the page did not show within ``wait_ms`` (it stops waiting once all show).
+    ``search`` is typed into the charts' search box, as a user narrows the charts to a few."""
     import websockets
 
     port = free_port()
@@ -176,7 +183,19 @@ async def capture(browser: str, origin: str, fragment: str, out: Path, size: str
                              for k, v in UI_SETTINGS.items())
             await call("Runtime.evaluate", expression=script)
             await call("Page.navigate", url=f"{origin}/{fragment}")
+            await call("Page.reload")  # a hash change keeps the app as it started: load it again, with the settings
             deadline = time.monotonic() + wait_ms / 1000
+            if search:
+                while True:
+                    found = await call("Runtime.evaluate", returnByValue=True, expression=(
+                        f"(() => {{ const box = document.querySelector({json.dumps(CHART_SEARCH)});"
+                        " if (box) box.focus(); return !!box; })()"))
+                    if found.get("result", {}).get("value"):
+                        await call("Input.insertText", text=search)
+                        break
+                    if time.monotonic() > deadline:
+                        sys.exit("the page has no chart search box (--search works with --view charts)")
+                    await asyncio.sleep(0.5)
             missing = list(expect)
             while True:
                 await asyncio.sleep(0.5)
@@ -201,14 +220,16 @@ def main() -> None:
     parser.add_argument("--tracking-uri", default=None, help="MLflow store (default: tracking.uri of params.yaml)")
     parser.add_argument("--experiment", default="cogr")
     parser.add_argument("--runs", type=int, default=4, help="latest runs to compare")
-    parser.add_argument("--view", choices=("compare", "runs", "run", "run-metrics", "models"), default="compare")
+    parser.add_argument("--view", choices=("compare", "charts", "runs", "run", "run-metrics", "models"), default="compare")
     parser.add_argument("--model", help="registered model for --view models (default: the latest run's)")
+    parser.add_argument("--search", help="with --view charts: text typed into the charts' search box (e.g. summary/)")
     parser.add_argument("--expect", action="append", default=[], help="text the page must show (repeatable)")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "mlflow_compare_runs.png")
+    parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: docs/mlflow_<view>.png)")
     parser.add_argument("--size", default="1600,1000", help="viewport, WIDTH,HEIGHT")
     parser.add_argument("--wait-ms", type=int, default=8000, help="time for the page to render")
     args = parser.parse_args()
     uri = args.tracking_uri or default_uri()
+    args.out = args.out or REPO / "docs" / f"mlflow_{args.view.replace('-', '_')}.png"
     browser = chromium()
     fragment = page(uri, args.experiment, args.runs, args.view, args.model)
     port = free_port()
@@ -217,7 +238,7 @@ def main() -> None:
         try:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             missing = asyncio.run(capture(browser, f"http://127.0.0.1:{port}", fragment, args.out.resolve(),
-                                          args.size, args.wait_ms, f"{tmp}/profile", args.expect))
+                                          args.size, args.wait_ms, f"{tmp}/profile", args.expect, args.search))
         finally:
             stop(proc)
     print(f"http://127.0.0.1:{port}/{fragment}")

@@ -230,6 +230,8 @@ def test_mlflow_screenshot_page(tmp_path):
     assert compare.startswith("#/compare-runs?runs=") and compare.endswith("&workflowType=machine_learning")
     assert all(run_id in compare for run_id in ids)
     assert re.fullmatch(r"#/experiments/\d+\?workflowType=machine_learning", module.page(uri, "cogr", 4, "runs"))
+    assert re.fullmatch(r"#/experiments/\d+/runs\?compareRunsMode=CHART&workflowType=machine_learning",
+                        module.page(uri, "cogr", 4, "charts"))
     assert module.page(uri, "cogr", 4, "run").endswith(f"/runs/{ids[-1]}?workflowType=machine_learning")
     assert module.page(uri, "cogr", 4, "run-metrics").endswith(f"/runs/{ids[-1]}/model-metrics?workflowType=machine_learning")
     assert module.page(uri, "cogr", 4, "models", model="coevo cogr") == "#/models/coevo%20cogr"
@@ -270,6 +272,11 @@ def test_mlflow_page_check(tmp_path):
     assert missing.returncode == 1, missing.stdout + missing.stderr
     assert missing.stderr.strip().endswith("the page does not show: 'no such text'"), missing.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The runs side by side, a chart per metric, narrowed by the chart search as a user types it.
+    charts = run_bench(script("mlflow_screenshot.py", "--tracking-uri", uri, "--view", "charts", "--search", "test/",
+                              "--out", str(out), "--size", "1000,700", "--wait-ms", "60000", "--expect", "test/f1"),
+                       timeout=300)
+    assert charts[-2] == "shows: 'test/f1'", charts
 
 
 # ------------------------------------------------------------------ the README's demo quote
