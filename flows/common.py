@@ -29,6 +29,7 @@ from coevo import progress, report
 from coevo.config import Params, load_params, load_tree
 from coevo.dvc_record import Record, RecordError, record_run
 from coevo.lock import run_lock
+from coevo.methods.base import MONITOR_SPLIT
 from coevo.io import write_json
 from coevo.layout import Layout
 from coevo.pipeline import ALL, Pipeline, check_stage, wants
@@ -120,7 +121,10 @@ def _paths(params_path: str | Sequence[str]) -> list[str]:
 
 
 class LiveSeries:
-    """Logs a method's per-phase and per-step series to the open MLflow run, each point once."""
+    """Logs a method's per-phase and per-step series to the open MLflow run, each point once.
+
+    A phase's evaluation is on the val split (early stopping and phase selection never see
+    test), so its ``eval/<metric>`` is logged as ``val/<metric>``: the chart names its split."""
 
     def __init__(self, tracker: Tracker) -> None:
         self.tracker = tracker
@@ -130,8 +134,13 @@ class LiveSeries:
         for kind, series in (("phase", method.tracking_series()), ("step", method.training_curve_series())):
             for step_no, metrics in series:
                 if (kind, step_no) not in self.logged:
-                    self.tracker.log_metrics(metrics, step=step_no)
+                    self.tracker.log_metrics(phase_metric_names(metrics) if kind == "phase" else metrics, step=step_no)
                     self.logged.add((kind, step_no))
+
+
+def phase_metric_names(metrics: dict[str, float]) -> dict[str, float]:
+    """``eval/f1`` -> ``val/f1``; other names as they are."""
+    return {f"{MONITOR_SPLIT}/{k[len('eval/'):]}" if k.startswith("eval/") else k: v for k, v in metrics.items()}
 
 
 def _data(pipe: Pipeline, stage: str) -> None:

@@ -74,10 +74,11 @@ def test_full_run_logs_every_phase_to_mlflow(finished, chdir, tmp_path):
     mlrun = client.get_run(run_id)
     assert mlrun.info.status == "FINISHED"
     assert client.get_experiment(mlrun.info.experiment_id).name == "cogr"
-    for name in ("eval/f1", "eval/precision", "eval/recall", "eval/recall_at_100", "eval/ndcg_at_10", "eval/mrr_at_100"):
+    for name in ("val/f1", "val/precision", "val/recall", "val/recall_at_100", "val/ndcg_at_10", "val/mrr_at_100"):
         assert sorted(m.step for m in client.get_metric_history(run_id, name)) == [0, 1, 2], name
+    assert not [k for k in mlrun.data.metrics if k.startswith("eval/")]  # the per-phase series name their split
     # Live: the run opened before training and each phase's val metrics arrived when the phase ended.
-    f1 = sorted(client.get_metric_history(run_id, "eval/f1"), key=lambda m: m.step)
+    f1 = sorted(client.get_metric_history(run_id, "val/f1"), key=lambda m: m.step)
     assert mlrun.info.start_time < f1[0].timestamp < f1[1].timestamp < f1[2].timestamp < mlrun.info.end_time
     for name in ("train/reward_mean", "train/kl"):
         assert sorted(m.step for m in client.get_metric_history(run_id, name)) == [1, 2], name
@@ -132,7 +133,7 @@ def test_second_run_executes_no_task(project: Path):
     from mlflow.tracking import MlflowClient  # a cached run still produces a complete MLflow run
 
     client = MlflowClient(summary["mlflow"]["tracking_uri"])
-    assert len(client.get_metric_history(summary["mlflow"]["run_id"], "eval/f1")) == 3
+    assert len(client.get_metric_history(summary["mlflow"]["run_id"], "val/f1")) == 3
 
 
 def test_the_run_is_open_with_its_input_when_training_starts(project: Path, monkeypatch):

@@ -49,7 +49,7 @@ def test_cohyde_flow_logs_per_round_metrics_per_group_and_caches(project: Path):
     assert labels[4:7] == ["raw (test)", "s1a (test)", "hyde (test)"]
     client = MlflowClient(summary["mlflow"]["tracking_uri"])
     run_id = summary["mlflow"]["run_id"]
-    assert sorted(m.step for m in client.get_metric_history(run_id, "eval/ndcg_at_5")) == [0, 1, 2, 3]
+    assert sorted(m.step for m in client.get_metric_history(run_id, "val/ndcg_at_5")) == [0, 1, 2, 3]
     group_metrics = [k for k in client.get_run(run_id).data.metrics if k.endswith("/ndcg_at_5") and k.count("/") == 2]
     assert group_metrics, "per-group metrics are missing"
     assert [m.step for m in client.get_metric_history(run_id, "train/pairs")] == [3]
