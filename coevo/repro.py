@@ -9,8 +9,11 @@ the entries again and reports each figure as matched or failed, with the differe
 
 Tiers: ``fast`` entries use the committed samples (CI runs them on every push, in well under
 a minute: both baselines on both samples and the tiny-model CoGR pipeline); ``slow`` entries
-use the full sets in ``../shared/data`` (``--slow`` adds them; an entry whose source folder
-is absent is reported as skipped, not as passed).
+use the full sets in ``../shared/data``, or train the real small models (SmolLM2-135M,
+MiniLM) on a sample (``--slow`` adds them; an entry whose source folder is absent is reported
+as skipped, not as passed). An entry that trains real models names its ``numerics`` (bf16
+or fp32): its figures hold for that numerics only, and a machine that trains in the other is
+not checked against them (skipped, and said so).
 
 How each system is run, in-process, with exactly the library calls its ``command`` makes:
 
@@ -47,6 +50,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = PROJECT_ROOT / "repro" / "expected.yaml"
 TIERS = ("fast", "slow")
 BASELINE_SYSTEMS = ("bm25", "dense")
+NUMERICS = ("bf16", "fp32")
+# How a bf16 CPU runs the kernels of a CPU without bf16 units (training then resolves to fp32).
+FP32_HINT = "ONEDNN_MAX_CPU_ISA=AVX2 runs the fp32 machine's kernels on a bf16 CPU"
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,11 @@ class Entry:
     tier: str
     command: str
     metrics: dict[str, dict[str, Any]]  # name -> {"expected": float | None, "tolerance": float}
+    numerics: str | None = None  # bf16 | fp32: figures of a training run hold for one numerics only
 
     @property
     def id(self) -> str:
-        return f"{self.dataset}/{self.system}"
+        return f"{self.dataset}/{self.system}" + (f"@{self.numerics}" if self.numerics else "")
 
 
 @dataclass(frozen=True)
@@ -127,9 +134,9 @@ def load(path: str | Path = EXPECTED) -> Matrix:
             raise ValueError(f"{where}: needs `dataset` and `system`") from None
         info = matrix.dataset(dataset)
         matrix.system(system)
-        tier = info.get("tier", "fast")
+        tier = raw.get("tier", info.get("tier", "fast"))  # an entry may be slower than its data set
         if tier not in TIERS:
-            raise ValueError(f"{where}: data set {dataset!r} has tier {tier!r}; expected fast or slow")
+            raise ValueError(f"{where} ({dataset}/{system}): tier {tier!r}; expected fast or slow")
         metrics = {}
         for name, spec in (raw.get("metrics") or {}).items():
             spec = spec or {}
@@ -141,7 +148,10 @@ def load(path: str | Path = EXPECTED) -> Matrix:
                                   "tolerance": float(tolerance)}
         if not metrics:
             raise ValueError(f"{where} ({dataset}/{system}): lists no metric")
-        matrix.entries.append(Entry(dataset, system, tier, str(raw.get("command", "")), metrics))
+        numerics = raw.get("numerics")
+        if numerics is not None and numerics not in NUMERICS:
+            raise ValueError(f"{where} ({dataset}/{system}): numerics {numerics!r}; expected one of {', '.join(NUMERICS)}")
+        matrix.entries.append(Entry(dataset, system, tier, str(raw.get("command", "")), metrics, numerics))
     ids = [e.id for e in matrix.entries]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: an entry is listed twice ({sorted({i for i in ids if ids.count(i) > 1})})")
@@ -183,7 +193,8 @@ class Runner:
         if kind == "pipeline":
             info = self.matrix.dataset(entry.dataset)
             return pipeline_figures(system["method"], entry.dataset, info["loader"], self.source(entry.dataset),
-                                    list(system.get("set") or []), self.workdir / "projects" / entry.id)
+                                    list(system.get("set") or []), self.workdir / "projects" / entry.id,
+                                    overlays=[PROJECT_ROOT / p for p in system.get("params") or []])
         raise ValueError(f"{self.matrix.path}: system {entry.system!r} has kind {kind!r}; expected baseline or pipeline")
 
 
@@ -220,7 +231,7 @@ def _inside(folder: Path) -> Iterator[None]:
 
 
 def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overrides: list[str],
-                     project: Path) -> dict[str, float]:
+                     project: Path, overlays: Sequence[Path] = ()) -> dict[str, float]:
     """A method's pipeline (prepare, train phases, final evaluation) in a scratch project,
     as figures: per phase its val metrics and training figures, the start and the chosen
     phase on test."""
@@ -231,7 +242,7 @@ def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overr
     # data.root is relative to the scratch project, the working directory of the steps below.
     sets = [f"data.dataset={dataset}", f"data.loader={loader}", f"data.source={source}", "data.root=data",
             *overrides]
-    params = load_params([PROJECT_PARAMS], sets)
+    params = load_params([PROJECT_PARAMS, *overlays], sets)
     with _inside(project):
         pipe = Pipeline(method, params)
         pipe.prepare().run()
@@ -248,6 +259,10 @@ def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overr
                 out[f"val/{phase.name}/{name}"] = value
             for name, value in numbers(record.get("train") or {}).items():
                 out[f"train/{phase.name}/{name}"] = value
+            for key, part in record.items():  # a phase's other training records (CoHyDE's encoder, dpo, mining)
+                if key not in ("eval", "train") and isinstance(part, Mapping):
+                    for name, value in _nested_numbers(part).items():
+                        out[f"train/{phase.name}/{key}/{name}"] = value
             if "eval" not in record:
                 for name, value in numbers(record).items():
                     out[f"{phase.name}/{name}"] = value
@@ -258,6 +273,17 @@ def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overr
             for name, value in numbers(row).items():
                 out[f"{final['split']}/{role}/{name}"] = value
         out["best_phase_index"] = float([p.name for p in run.phases()].index(final["best_phase"]))
+    return out
+
+
+def _nested_numbers(record: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """The finite numbers of a nested record, named by their path (``sft/loss``); lists are skipped."""
+    from coevo.report import numbers
+
+    out = {f"{prefix}{name}": value for name, value in numbers(record).items()}
+    for key, part in record.items():
+        if isinstance(part, Mapping):
+            out.update(_nested_numbers(part, f"{prefix}{key}/"))
     return out
 
 
@@ -289,10 +315,15 @@ def check(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[str
     entries = matrix.select(slow, only)
     if not entries:
         raise ValueError(f"{matrix.path}: no entry matches (slow={slow}, only={list(only)})")
+    here = local_numerics()
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="coevo-repro-") as tmp:
         runner = Runner(matrix, Path(tmp), say)
         for entry in entries:
+            if entry.numerics not in (None, here):
+                outcomes += _skip(entry, f"its figures are {entry.numerics}'s; this machine trains in {here}")
+                say(f"{entry.id}: skipped (this machine trains in {here})")
+                continue
             if not runner.source(entry.dataset).exists():
                 outcomes += _skip(entry, f"source {runner.source(entry.dataset)} is absent")
                 say(f"{entry.id}: skipped (source absent)")
@@ -307,12 +338,14 @@ def check(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[str
 
 
 def record(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[str] = (), runs: int = 2,
-           say: Callable[[str], None] = lambda _m: None) -> dict[str, dict[str, float]]:
+           vary_threads: bool = False, say: Callable[[str], None] = lambda _m: None) -> dict[str, dict[str, float]]:
     """Run the selected entries ``runs`` times and write their figures as expected values.
 
     Tolerances and commands stay as the file has them. A figure that differs between the
     runs by more than its tolerance is not written (an error names it): only what is
-    reproducible here becomes an expectation. Returns {entry id: {metric: value}}.
+    reproducible here becomes an expectation. ``vary_threads``: run k uses k torch threads,
+    so the runs also differ in summation order, as another CPU's kernels do (the tolerances
+    must cover that). Returns {entry id: {metric: value}}.
     """
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
@@ -320,10 +353,23 @@ def record(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[st
     entries = matrix.select(slow, only)
     if not entries:
         raise ValueError(f"{matrix.path}: no entry matches (slow={slow}, only={list(only)})")
+    changes = uncommitted_changes(matrix.path)
+    if changes:
+        raise ValueError(f"record stamps the commit its figures come from; commit first (uncommitted: "
+                         f"{', '.join(changes[:5])}{', ...' if len(changes) > 5 else ''})")
+    here = local_numerics()
+    elsewhere = [e for e in entries if e.numerics not in (None, here)]
+    if elsewhere and only:
+        how = FP32_HINT if elsewhere[0].numerics == "fp32" else "record it on a CPU with bf16 units (AVX512-BF16/AMX)"
+        raise ValueError(f"{elsewhere[0].id}: its figures are {elsewhere[0].numerics}'s and this machine trains in "
+                         f"{here}; {how}")
+    for entry in elsewhere:
+        say(f"{entry.id}: left as it is (this machine trains in {here})")
+    entries = [e for e in entries if e not in elsewhere]
     recorded: dict[str, dict[str, float]] = {}
     unstable: list[str] = []
     for attempt in range(runs):
-        with tempfile.TemporaryDirectory(prefix="coevo-repro-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="coevo-repro-") as tmp, _torch_threads(attempt + 1 if vary_threads else None):
             runner = Runner(matrix, Path(tmp), say)
             for entry in entries:
                 if not runner.source(entry.dataset).exists():
@@ -345,12 +391,31 @@ def record(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[st
         raise ValueError("figures differ between runs by more than their tolerance (not recorded): "
                          + "; ".join(unstable))
     for raw in matrix.doc["entries"]:
-        key = f"{raw['dataset']}/{raw['system']}"
+        key = f"{raw['dataset']}/{raw['system']}" + (f"@{raw['numerics']}" if raw.get("numerics") else "")
         if key in recorded:
             for name, value in recorded[key].items():
                 raw["metrics"][name]["expected"] = _rounded(value)
     _write(matrix, recorded)
     return recorded
+
+
+@contextlib.contextmanager
+def _torch_threads(count: int | None) -> Iterator[None]:
+    """``COEVO_THREADS=count`` inside the block (the thread policy reads it at every model load)."""
+    from coevo.runtime import THREADS_ENV
+
+    if count is None:
+        yield
+        return
+    before = os.environ.get(THREADS_ENV)
+    os.environ[THREADS_ENV] = str(count)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(THREADS_ENV, None)
+        else:
+            os.environ[THREADS_ENV] = before
 
 
 def _rounded(value: float) -> float:
@@ -370,25 +435,45 @@ def _write(matrix: Matrix, recorded: Mapping[str, Any]) -> None:
             break
     doc = matrix.doc
     doc.setdefault("recorded", {})
-    stamp = {"date": time.strftime("%Y-%m-%d"), "git_commit": _git_commit()}
+    from coevo.runtime import numerics
+
+    stamp = {"date": time.strftime("%Y-%m-%d"), "git_commit": _git_commit(), "numerics": numerics(_project_params())}
     for key in recorded:
         doc["recorded"][key] = dict(stamp)
     body = yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True)
     write_text(matrix.path, "\n".join(header).rstrip() + "\n" + body)
 
 
-def _git_commit() -> str:
+def _git(*args: str) -> str:
     import subprocess
 
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-
     try:
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-        return git("rev-parse", "--short", "HEAD") + ("+uncommitted changes" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return subprocess.run(["git", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                              check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise ValueError(f"record stamps the git commit of {PROJECT_ROOT}, and `git {' '.join(args)}` failed there: "
+                         f"{getattr(exc, 'stderr', '') or exc}".strip()) from None
+
+
+def _git_commit() -> str:
+    return _git("rev-parse", "--short", "HEAD").strip()
+
+
+def uncommitted_changes(matrix_path: Path) -> list[str]:
+    """Tracked files of the project with uncommitted changes, the matrix file itself aside
+    (record rewrites it, entry by entry)."""
+    own = matrix_path.resolve()
+    lines = _git("status", "--porcelain", "--untracked-files=no").splitlines()
+    changed = [line[3:].split(" -> ")[-1] for line in lines if line.strip()]
+    return [name for name in changed if (PROJECT_ROOT / name).resolve() != own]
+
+
+def local_numerics() -> str:
+    """``bf16`` or ``fp32``: what training resolves to here under the project's params
+    (``runtime.precision``; ``auto`` follows the CPU)."""
+    from coevo.runtime import resolved_precision
+
+    return resolved_precision(_project_params())
 
 
 def summary(outcomes: Sequence[Outcome]) -> dict[str, int]:

@@ -6,12 +6,15 @@ tiny-model CoGR pipeline); the others use a small matrix written by the test.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
 import yaml
 
 from coevo import repro
+
+UNCOMMITTED_CHANGES = repro.uncommitted_changes  # the autouse fixture below replaces it
 
 
 @pytest.mark.slow  # trains the tiny CoGR pipeline (still run in CI)
@@ -32,10 +35,16 @@ def test_every_entry_declares_its_command_and_tolerances():
     matrix = repro.load()
     assert {e.tier for e in matrix.entries} == {"fast", "slow"}
     for entry in matrix.entries:
-        assert entry.command.startswith(("coevo ", "coevo data prepare")), entry.id
+        assert entry.command.removeprefix("ONEDNN_MAX_CPU_ISA=AVX2 ").startswith("coevo "), entry.id
+        assert entry.command.startswith("ONEDNN_MAX_CPU_ISA=AVX2 ") == (entry.numerics == "fp32"), entry.id
         assert all(spec["tolerance"] >= 0 for spec in entry.metrics.values())
-    slow_sources = {matrix.dataset(e.dataset)["source"] for e in matrix.entries if e.tier == "slow"}
+    slow_sources = {matrix.dataset(e.dataset)["source"] for e in matrix.entries if e.tier == "slow" and not e.numerics}
     assert all(s.startswith("../shared/data/") for s in slow_sources)
+    # Entries that train real models are keyed by numerics, recorded for both kinds of CPU.
+    real = [e for e in matrix.entries if e.numerics]
+    assert {(e.dataset, e.system) for e in real if e.numerics == "bf16"} == \
+        {(e.dataset, e.system) for e in real if e.numerics == "fp32"}
+    assert {matrix.system(e.system)["method"] for e in real} == {"cogr", "grape", "cohyde"}
 
 
 def _write_matrix(path: Path, source: str, expected: float | None, tolerance: float = 1e-9) -> Path:
@@ -49,6 +58,12 @@ def _write_matrix(path: Path, source: str, expected: float | None, tolerance: fl
                         "metrics": {"n_queries": {"expected": 1.0, "tolerance": 0.0}}}]}
     path.write_text("# header kept by record\n" + yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+@pytest.fixture(autouse=True)
+def committed_tree(monkeypatch):
+    """record refuses a tree with uncommitted changes; these tests run in whatever tree they are in."""
+    monkeypatch.setattr(repro, "uncommitted_changes", lambda matrix_path: [])
 
 
 @pytest.fixture
@@ -113,3 +128,68 @@ def test_cli_check_prints_matched_and_failed_and_sets_the_exit_code(tmp_path, fa
     _write_matrix(path, str(source), expected=n + 0.5)
     result = runner.invoke(app, ["check", "--file", str(path)], terminal_width=200)
     assert result.exit_code == 1 and "failed" in result.output and "-0.5" in result.output
+
+
+def test_record_refuses_a_tree_with_uncommitted_changes_and_stamps_commit_and_numerics(tmp_path, fake_figures,
+                                                                                    monkeypatch):
+    from conftest import make_toy_metatool
+    from coevo.runtime import numerics
+
+    path = _write_matrix(tmp_path / "expected.yaml", str(make_toy_metatool(tmp_path / "toy")), expected=None)
+    monkeypatch.setattr(repro, "uncommitted_changes", lambda matrix_path: ["coevo/rewards/cogr.py"])
+    with pytest.raises(ValueError, match=r"commit first \(uncommitted: coevo/rewards/cogr.py\)"):
+        repro.record(path)
+    assert repro.load(path).entries[0].metrics["n_queries"]["expected"] is None
+    monkeypatch.setattr(repro, "uncommitted_changes", lambda matrix_path: [])
+    repro.record(path, runs=1)
+    stamp = repro.load(path).doc["recorded"]["toy/bm25"]
+    assert stamp["git_commit"] == repro._git_commit() and len(stamp["git_commit"]) >= 7
+    assert stamp["numerics"] == numerics(repro._project_params())
+
+
+def test_uncommitted_changes_lists_tracked_edits_but_not_the_matrix_itself(monkeypatch):
+    monkeypatch.setattr(repro, "_git", lambda *args: " M coevo/rewards/cogr.py\n M repro/expected.yaml\n"
+                                                      "R  old.py -> coevo/new.py")
+    assert UNCOMMITTED_CHANGES(repro.EXPECTED) == ["coevo/rewards/cogr.py", "coevo/new.py"]
+
+
+def test_an_entry_keyed_by_other_numerics_is_skipped_by_check_and_refused_by_record(tmp_path, fake_figures,
+                                                                                  monkeypatch):
+    from conftest import make_toy_metatool
+
+    source = str(make_toy_metatool(tmp_path / "toy"))
+    path = _write_matrix(tmp_path / "expected.yaml", source, expected=None)
+    doc = yaml.safe_load(path.read_text())
+    mine, other = (dict(copy.deepcopy(doc["entries"][0]), numerics=n) for n in ("bf16", "fp32"))
+    doc["entries"] = [mine, other]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    monkeypatch.setattr(repro, "local_numerics", lambda: "bf16")
+    assert [e.id for e in repro.load(path).entries] == ["toy/bm25@bf16", "toy/bm25@fp32"]
+    recorded = repro.record(path, runs=1)  # the fp32 entry is left as it is
+    assert list(recorded) == ["toy/bm25@bf16"]
+    assert [m["n_queries"]["expected"] is None for m in (e.metrics for e in repro.load(path).entries)] == [False, True]
+    outcomes = repro.check(path)
+    assert [(o.entry, o.status) for o in outcomes] == [("toy/bm25@bf16", "matched"), ("toy/bm25@fp32", "skipped")]
+    assert "fp32's; this machine trains in bf16" in outcomes[1].note and repro.passed(outcomes)
+    with pytest.raises(ValueError, match="toy/bm25@fp32: its figures are fp32's .* ONEDNN_MAX_CPU_ISA=AVX2"):
+        repro.record(path, only=["toy/*@fp32"])
+    doc["entries"][1]["numerics"] = "fp16"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(ValueError, match=r"entries\[1\] \(toy/bm25\): numerics 'fp16'; expected one of bf16, fp32"):
+        repro.load(path)
+
+
+def test_vary_threads_runs_the_kth_run_on_k_torch_threads(tmp_path, monkeypatch):
+    import os
+
+    from conftest import make_toy_metatool
+
+    monkeypatch.setenv("COEVO_THREADS", "7")
+    seen = []
+    monkeypatch.setattr(repro, "baseline_figures",
+                        lambda data_dir, system: {"n_queries": float(seen.append(os.environ["COEVO_THREADS"]) or 1)})
+    path = _write_matrix(tmp_path / "expected.yaml", str(make_toy_metatool(tmp_path / "toy")), expected=None)
+    repro.record(path, runs=2, vary_threads=True)
+    assert seen == ["1", "2"] and os.environ["COEVO_THREADS"] == "7"
+    repro.record(path, runs=2)
+    assert seen[2:] == ["7", "7"]

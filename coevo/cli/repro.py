@@ -22,7 +22,8 @@ app = typer.Typer(
 )
 
 _SLOW = "Also run the slow entries (full data sets under ../shared/data); an absent source is reported as skipped."
-_ONLY = "Run only entries whose DATASET/SYSTEM matches this glob, e.g. 'metatool_sample/*' (repeatable)."
+_ONLY = ("Run only entries whose id matches this glob, e.g. 'metatool_sample/*' or '*@fp32' (repeatable). An id is "
+         "DATASET/SYSTEM, with @bf16 or @fp32 for an entry whose figures hold for one numerics only.")
 _FILE = "The matrix file (default: repro/expected.yaml of the project)."
 
 
@@ -96,14 +97,21 @@ def record(
     only: list[str] = typer.Option([], "--only", help=_ONLY),
     runs: int = typer.Option(2, "--runs", min=1, help="Runs per entry; a figure that differs between runs by more "
                              "than its tolerance is not recorded (an error names it)."),
+    vary_threads: bool = typer.Option(False, "--vary-threads", help="Run k uses k torch threads (another summation "
+                                      "order, as on another CPU), so a figure that passes is stable across both."),
     file: Optional[Path] = typer.Option(None, "--file", help=_FILE),
 ) -> None:
-    """Run the entries (twice by default) and write their figures as the expected values."""
+    """Run the entries (twice by default) and write their figures as the expected values.
+
+    Refuses a tree with uncommitted changes (each entry is stamped with the commit and the numerics
+    it ran under). Entries keyed by other numerics than this machine's are left as they are;
+    ONEDNN_MAX_CPU_ISA=AVX2 records the fp32 ones on a bf16 CPU.
+    """
     with user_errors():
         from coevo import repro
 
         path = _file(file)
-        recorded = repro.record(path, slow=slow, only=only, runs=runs, say=_say)
+        recorded = repro.record(path, slow=slow, only=only, runs=runs, vary_threads=vary_threads, say=_say)
         figures = sum(len(v) for v in recorded.values())
         console.print(f"recorded {figures} figures of {len(recorded)} entries into {path} "
                       f"(each reproduced over {runs} run(s))")
