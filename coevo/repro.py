@@ -357,6 +357,7 @@ def record(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[st
     if changes:
         raise ValueError(f"record stamps the commit its figures come from; commit first (uncommitted: "
                          f"{', '.join(changes[:5])}{', ...' if len(changes) > 5 else ''})")
+    commit = _git_commit()  # taken now: a commit made while the entries run is not what ran
     here = local_numerics()
     elsewhere = [e for e in entries if e.numerics not in (None, here)]
     if elsewhere and only:
@@ -395,7 +396,7 @@ def record(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[st
         if key in recorded:
             for name, value in recorded[key].items():
                 raw["metrics"][name]["expected"] = _rounded(value)
-    _write(matrix, recorded)
+    _write(matrix, recorded, commit)
     return recorded
 
 
@@ -422,7 +423,7 @@ def _rounded(value: float) -> float:
     return float(f"{value:.10g}")
 
 
-def _write(matrix: Matrix, recorded: Mapping[str, Any]) -> None:
+def _write(matrix: Matrix, recorded: Mapping[str, Any], commit: str) -> None:
     """Rewrite the file: the header comment is kept, the YAML body regenerated."""
     from coevo.io import write_text
 
@@ -437,7 +438,7 @@ def _write(matrix: Matrix, recorded: Mapping[str, Any]) -> None:
     doc.setdefault("recorded", {})
     from coevo.runtime import numerics
 
-    stamp = {"date": time.strftime("%Y-%m-%d"), "git_commit": _git_commit(), "numerics": numerics(_project_params())}
+    stamp = {"date": time.strftime("%Y-%m-%d"), "git_commit": commit, "numerics": numerics(_project_params())}
     for key in recorded:
         doc["recorded"][key] = dict(stamp)
     body = yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True)

@@ -7,6 +7,7 @@ tiny-model CoGR pipeline); the others use a small matrix written by the test.
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -112,12 +113,13 @@ def test_record_refuses_figures_that_move_between_runs(tmp_path, monkeypatch):
     assert repro.load(path).entries[0].metrics["n_queries"]["expected"] is None  # nothing written
 
 
-def test_cli_check_prints_matched_and_failed_and_sets_the_exit_code(tmp_path, fake_figures):
+def test_cli_check_prints_matched_and_failed_and_sets_the_exit_code(tmp_path, fake_figures, monkeypatch):
     from typer.testing import CliRunner
 
     from conftest import make_toy_metatool
     from coevo.cli.repro import app
 
+    monkeypatch.chdir(tmp_path)  # library output goes to ./logs, as for `coevo run`
     source = make_toy_metatool(tmp_path / "toy")
     path = _write_matrix(tmp_path / "expected.yaml", str(source), expected=None)
     runner = CliRunner()
@@ -128,6 +130,9 @@ def test_cli_check_prints_matched_and_failed_and_sets_the_exit_code(tmp_path, fa
     _write_matrix(path, str(source), expected=n + 0.5)
     result = runner.invoke(app, ["check", "--file", str(path)], terminal_width=200)
     assert result.exit_code == 1 and "failed" in result.output and "-0.5" in result.output
+    logs = sorted(re.match(r"coevo-repro-(check|record)-\d{8}-\d{6}", p.name).group(1)
+                  for p in (tmp_path / "logs").iterdir())
+    assert logs == ["check", "check", "record"]
 
 
 def test_record_refuses_a_tree_with_uncommitted_changes_and_stamps_commit_and_numerics(tmp_path, fake_figures,

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from coevo.cli.common import console, err_console, user_errors
+from coevo.cli.common import console, err_console
 
 app = typer.Typer(
     help="Expected-score matrix (repro/expected.yaml): data set x baseline or method x metric -> expected value. "
@@ -35,6 +35,20 @@ def _file(path: Optional[Path]) -> Path:
 
 def _say(message: str) -> None:
     err_console.print(f"[dim]{message}[/]", highlight=False)
+
+
+class _ReproState:
+    """What `coevo repro` is doing, for the log file's name and the line printed when it is interrupted."""
+
+    def __init__(self, command: str) -> None:
+        self.command = f"repro-{command}"
+        self.log_path: Path | None = None
+
+    def interrupted(self) -> str:
+        return f"coevo {self.command.replace('-', ' ')} interrupted: nothing was written to the matrix"
+
+
+_VERBOSE = "Keep library output (trainer logs, progress bars) on the terminal instead of logs/coevo-repro-*.log."
 
 
 def outcome_tables(outcomes, commands=None):
@@ -73,13 +87,19 @@ def check(
     slow: bool = typer.Option(False, "--slow", help=_SLOW),
     only: list[str] = typer.Option([], "--only", help=_ONLY),
     file: Optional[Path] = typer.Option(None, "--file", help=_FILE),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE),
 ) -> None:
     """Run the matrix's entries and print each figure as matched or failed, with the difference."""
-    with user_errors():
+    from coevo.cli.run import library_output, run_errors
+
+    state = _ReproState("check")
+    with run_errors(state, verbose):
         from coevo import repro
 
         path = _file(file)
-        outcomes = repro.check(path, slow=slow, only=only, say=_say)
+        repro.load(path)  # a malformed matrix is refused before any output is redirected
+        with library_output(state, verbose):
+            outcomes = repro.check(path, slow=slow, only=only, say=_say)
         commands = {e.id: e.command for e in repro.load(path).entries}
         for table in outcome_tables(outcomes, commands):
             console.print(table)
@@ -100,6 +120,7 @@ def record(
     vary_threads: bool = typer.Option(False, "--vary-threads", help="Run k uses k torch threads (another summation "
                                       "order, as on another CPU), so a figure that passes is stable across both."),
     file: Optional[Path] = typer.Option(None, "--file", help=_FILE),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=_VERBOSE),
 ) -> None:
     """Run the entries (twice by default) and write their figures as the expected values.
 
@@ -107,11 +128,16 @@ def record(
     it ran under). Entries keyed by other numerics than this machine's are left as they are;
     ONEDNN_MAX_CPU_ISA=AVX2 records the fp32 ones on a bf16 CPU.
     """
-    with user_errors():
+    from coevo.cli.run import library_output, run_errors
+
+    state = _ReproState("record")
+    with run_errors(state, verbose):
         from coevo import repro
 
         path = _file(file)
-        recorded = repro.record(path, slow=slow, only=only, runs=runs, vary_threads=vary_threads, say=_say)
+        repro.load(path)
+        with library_output(state, verbose):
+            recorded = repro.record(path, slow=slow, only=only, runs=runs, vary_threads=vary_threads, say=_say)
         figures = sum(len(v) for v in recorded.values())
         console.print(f"recorded {figures} figures of {len(recorded)} entries into {path} "
                       f"(each reproduced over {runs} run(s))")
