@@ -259,10 +259,8 @@ def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overr
                 out[f"val/{phase.name}/{name}"] = value
             for name, value in numbers(record.get("train") or {}).items():
                 out[f"train/{phase.name}/{name}"] = value
-            for key, part in record.items():  # a phase's other training records (CoHyDE's encoder, dpo, mining)
-                if key not in ("eval", "train") and isinstance(part, Mapping):
-                    for name, value in _nested_numbers(part).items():
-                        out[f"train/{phase.name}/{key}/{name}"] = value
+            for name, value in _written_records(run.run_dir, phase.writes).items():
+                out[f"train/{phase.name}/{name}"] = value
             if "eval" not in record:
                 for name, value in numbers(record).items():
                     out[f"{phase.name}/{name}"] = value
@@ -273,6 +271,28 @@ def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overr
             for name, value in numbers(row).items():
                 out[f"{final['split']}/{role}/{name}"] = value
         out["best_phase_index"] = float([p.name for p in run.phases()].index(final["best_phase"]))
+    return out
+
+
+MAX_RECORD_BYTES = 1_000_000  # a training record is small; larger JSON files hold samples or keyword sets
+
+
+def _written_records(run_dir: Path, writes: Sequence[str]) -> dict[str, float]:
+    """The numbers of the JSON records a phase wrote directly into its output folders (CoHyDE's
+    ``round_1/dpo.json``, ``round_1/s3.json``: DPO pairs, reward accuracy, encoder loss), named
+    ``<file stem>/<path>``; model folders below them are not read."""
+    import json
+
+    out: dict[str, float] = {}
+    for folder in (run_dir / w for w in writes):
+        if not folder.is_dir():
+            continue
+        for file in sorted(folder.glob("*.json")):
+            if file.stat().st_size > MAX_RECORD_BYTES:
+                continue
+            record = json.loads(file.read_text())
+            if isinstance(record, Mapping):
+                out.update(_nested_numbers(record, f"{file.stem}/"))
     return out
 
 
@@ -368,7 +388,7 @@ def record(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[st
         say(f"{entry.id}: left as it is (this machine trains in {here})")
     entries = [e for e in entries if e not in elsewhere]
     recorded: dict[str, dict[str, float]] = {}
-    unstable: list[str] = []
+    unstable: dict[str, list[str]] = {}
     for attempt in range(runs):
         with tempfile.TemporaryDirectory(prefix="coevo-repro-") as tmp, _torch_threads(attempt + 1 if vary_threads else None):
             runner = Runner(matrix, Path(tmp), say)
@@ -381,23 +401,42 @@ def record(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[st
                 say(f"run {attempt + 1}/{runs}: {entry.id} ({time.perf_counter() - started:.1f}s)")
                 missing = [m for m in entry.metrics if m not in figures]
                 if missing:
-                    raise ValueError(f"{entry.id}: the run produced no figure named {', '.join(missing)}")
+                    raise ValueError(f"{entry.id}: the run produced no figure named {', '.join(missing)}"
+                                     + _closest(missing, figures))
                 if attempt == 0:
                     recorded[entry.id] = {m: figures[m] for m in entry.metrics}
                     continue
                 for m in entry.metrics:
                     if abs(figures[m] - recorded[entry.id][m]) > entry.metrics[m]["tolerance"]:
-                        unstable.append(f"{entry.id} {m}: {recorded[entry.id][m]!r} then {figures[m]!r}")
+                        unstable.setdefault(entry.id, []).append(f"{m}: {recorded[entry.id][m]!r} then {figures[m]!r}")
+                say(_spread_line(entry, recorded[entry.id], figures))
+    # Entries that reproduced are written even when another did not: their runs are not wasted.
+    stable = {key: figures for key, figures in recorded.items() if key not in unstable}
+    if stable:
+        # The file as it is now: another record (of other entries) may have written it meanwhile.
+        matrix = load(matrix.path)
+        for raw in matrix.doc["entries"]:
+            key = f"{raw['dataset']}/{raw['system']}" + (f"@{raw['numerics']}" if raw.get("numerics") else "")
+            if key in stable:
+                for name, value in stable[key].items():
+                    if name in raw["metrics"]:
+                        raw["metrics"][name]["expected"] = _rounded(value)
+        _write(matrix, stable, commit, runs=runs, vary_threads=vary_threads)
     if unstable:
-        raise ValueError("figures differ between runs by more than their tolerance (not recorded): "
-                         + "; ".join(unstable))
-    for raw in matrix.doc["entries"]:
-        key = f"{raw['dataset']}/{raw['system']}" + (f"@{raw['numerics']}" if raw.get("numerics") else "")
-        if key in recorded:
-            for name, value in recorded[key].items():
-                raw["metrics"][name]["expected"] = _rounded(value)
-    _write(matrix, recorded, commit)
-    return recorded
+        raise ValueError("figures differ between runs by more than their tolerance (not recorded"
+                         + (f"; {len(stable)} other entries were" if stable else "") + "): "
+                         + "; ".join(f"{key} {'; '.join(diffs)}" for key, diffs in unstable.items()))
+    return stable
+
+
+def _spread_line(entry: Entry, first: Mapping[str, float], again: Mapping[str, float]) -> str:
+    """How far a repeat run moved the entry's figures, the largest move against its tolerance first:
+    what a tolerance must cover, measured."""
+    moves = sorted(((abs(again[m] - first[m]), m) for m in entry.metrics),
+                   key=lambda dm: dm[0] / max(entry.metrics[dm[1]]["tolerance"], 1e-12), reverse=True)
+    moved = [f"{m} {d:.3g} (tolerance {entry.metrics[m]['tolerance']:g})" for d, m in moves if d > 0]
+    return f"{entry.id}: " + (f"{len(moved)} of {len(moves)} figures moved; largest: {', '.join(moved[:3])}"
+                              if moved else f"all {len(moves)} figures identical between runs")
 
 
 @contextlib.contextmanager
@@ -423,7 +462,8 @@ def _rounded(value: float) -> float:
     return float(f"{value:.10g}")
 
 
-def _write(matrix: Matrix, recorded: Mapping[str, Any], commit: str) -> None:
+def _write(matrix: Matrix, recorded: Mapping[str, Any], commit: str, *, runs: int = 1,
+           vary_threads: bool = False) -> None:
     """Rewrite the file: the header comment is kept, the YAML body regenerated."""
     from coevo.io import write_text
 
@@ -438,7 +478,10 @@ def _write(matrix: Matrix, recorded: Mapping[str, Any], commit: str) -> None:
     doc.setdefault("recorded", {})
     from coevo.runtime import numerics
 
-    stamp = {"date": time.strftime("%Y-%m-%d"), "git_commit": commit, "numerics": numerics(_project_params())}
+    stamp = {"date": time.strftime("%Y-%m-%d"), "git_commit": commit, "numerics": numerics(_project_params()),
+             "runs": runs}
+    if vary_threads:  # run k ran on k threads
+        stamp["numerics"]["torch_threads"] = ",".join(str(k) for k in range(1, runs + 1))
     for key in recorded:
         doc["recorded"][key] = dict(stamp)
     body = yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True)
@@ -475,6 +518,14 @@ def local_numerics() -> str:
     from coevo.runtime import resolved_precision
 
     return resolved_precision(_project_params())
+
+
+def _closest(missing: Sequence[str], figures: Mapping[str, float]) -> str:
+    """`` (closest it produced: ...)`` for a misnamed figure, "" when nothing is close."""
+    import difflib
+
+    close = dict.fromkeys(c for m in missing for c in difflib.get_close_matches(m, list(figures), n=2, cutoff=0.6))
+    return f" (closest it produced: {', '.join(close)})" if close else ""
 
 
 def summary(outcomes: Sequence[Outcome]) -> dict[str, int]:

@@ -321,3 +321,19 @@ def test_good_commands_are_accepted(in_repo, monkeypatch):
     assert commands[3].argv[:3] == ("train", "cogr", "--vllm")
     assert commands[4].argv[-1] == "find me a recipe"
     assert problems(commands, monkeypatch) == []
+
+
+def test_every_command_of_the_expected_score_matrix_is_accepted(in_repo, monkeypatch):
+    """repro/expected.yaml names, per entry, the command a person runs to see its figures."""
+    from coevo import repro
+
+    commands = []
+    for entry in repro.load().entries:
+        for words in split_commands(entry.command):
+            while words and ENV_ASSIGNMENT.match(words[0]):
+                words = words[1:]  # ONEDNN_MAX_CPU_ISA=AVX2 coevo ...
+            assert words[0] == "coevo", f"{entry.id}: {entry.command}"
+            commands.append(Command(0, "coevo", tuple(words[1:])))
+    assert len(commands) >= len(repro.load().entries)
+    bad = problems(commands, monkeypatch)
+    assert not bad, "matrix commands the parser refuses:\n" + "\n".join(bad)

@@ -113,6 +113,31 @@ def test_record_refuses_figures_that_move_between_runs(tmp_path, monkeypatch):
     assert repro.load(path).entries[0].metrics["n_queries"]["expected"] is None  # nothing written
 
 
+def test_record_writes_the_entries_that_reproduced_and_names_those_that_did_not(tmp_path, monkeypatch):
+    from conftest import make_toy_metatool
+
+    calls = iter(range(10))
+    monkeypatch.setattr(repro, "baseline_figures", lambda data_dir, system: {
+        "n_queries": float(next(calls)) if system == "bm25" else 7.0})
+    path = _write_matrix(tmp_path / "expected.yaml", str(make_toy_metatool(tmp_path / "toy")), expected=None)
+    doc = yaml.safe_load(path.read_text())
+    doc["systems"]["dense"] = {"kind": "baseline"}
+    doc["entries"].append({"dataset": "toy", "system": "dense", "command": "coevo baseline dense DIR",
+                           "metrics": {"n_queries": {"expected": None, "tolerance": 0.0}}})
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    said: list[str] = []
+    with pytest.raises(ValueError, match=r"toy/bm25 n_queries: 0.0 then 1.0") as err:
+        repro.record(path, runs=2, vary_threads=True, say=said.append)
+    assert "1 other entries were" in str(err.value)
+    again = repro.load(path)
+    assert [e.metrics["n_queries"]["expected"] for e in again.entries if e.dataset == "toy"] == [None, 7.0]
+    assert list(again.doc["recorded"]) == ["toy/dense"]
+    assert again.doc["recorded"]["toy/dense"]["runs"] == 2
+    assert again.doc["recorded"]["toy/dense"]["numerics"]["torch_threads"] == "1,2"
+    assert "toy/dense: all 1 figures identical between runs" in said
+    assert "toy/bm25: 1 of 1 figures moved; largest: n_queries 1 (tolerance 1e-09)" in said
+
+
 def test_cli_check_prints_matched_and_failed_and_sets_the_exit_code(tmp_path, fake_figures, monkeypatch):
     from typer.testing import CliRunner
 
@@ -198,3 +223,33 @@ def test_vary_threads_runs_the_kth_run_on_k_torch_threads(tmp_path, monkeypatch)
     assert seen == ["1", "2"] and os.environ["COEVO_THREADS"] == "7"
     repro.record(path, runs=2)
     assert seen[2:] == ["7", "7"]
+
+
+def test_a_phase_s_training_records_become_figures_named_by_file_and_path(tmp_path):
+    import json
+
+    stage = tmp_path / "round_1"
+    (stage / "generator").mkdir(parents=True)
+    (stage / "dpo.json").write_text(json.dumps({"pairs": 7, "rewards_accuracy": 0.75, "reference": "adapter copy"}))
+    (stage / "s3.json").write_text(json.dumps({"encoder": {"train_loss": 1.5}, "index": {"items": 3}}))
+    (stage / "pairs.json").write_text(json.dumps([{"chosen_score": 1.0}]))  # a list: samples, not a record
+    (stage / "generator" / "generator.json").write_text(json.dumps({"layers": 30}))  # a model folder: not read
+    (stage / "s4_samples.json").write_text(json.dumps({"n": 1, "pad": "x" * repro.MAX_RECORD_BYTES}))
+    assert repro._written_records(tmp_path, ["round_1", "eval/round_1.json"]) == {
+        "dpo/pairs": 7.0, "dpo/rewards_accuracy": 0.75, "s3/encoder/train_loss": 1.5, "s3/index/items": 3.0}
+
+
+def test_record_keeps_what_another_record_wrote_to_the_file_meanwhile(tmp_path, monkeypatch):
+    from conftest import make_toy_metatool
+
+    path = _write_matrix(tmp_path / "expected.yaml", str(make_toy_metatool(tmp_path / "toy")), expected=None)
+
+    def figures(data_dir, system):  # another process records the `gone` entry while this one runs
+        doc = yaml.safe_load(path.read_text())
+        doc["entries"][1]["metrics"]["n_queries"]["expected"] = 5.0
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return {"n_queries": 3.0}
+
+    monkeypatch.setattr(repro, "baseline_figures", figures)
+    repro.record(path, runs=1, only=["toy/*"])
+    assert [e.metrics["n_queries"]["expected"] for e in repro.load(path).entries] == [3.0, 5.0]
