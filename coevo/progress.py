@@ -1,13 +1,15 @@
 """Step events from a running pipeline to whoever shows progress (the CLI draws a bar).
 
-Flows call :func:`plan`, :func:`started` and :func:`finished`; a listener registered with
-:func:`listening` receives them. Without a listener the events only count.
+Flows call :func:`plan`, :func:`started` and :func:`finished`; trainers call
+:func:`training_log` at each logged step (coevo.train.common.report_steps). A listener
+registered with :func:`listening` receives them. Without a listener the events only count.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 
@@ -16,10 +18,12 @@ class StepListener:
     def started(self, label: str) -> None: ...
     def finished(self, label: str, cached: bool) -> None: ...
     def notice(self, text: str) -> None: ...
+    def training_log(self, series: str, step: int, values: Mapping[str, float]) -> None: ...
 
 
 _listeners: list[StepListener] = []
 _counts = {"executed": 0, "cached": 0}
+_failed: set[int] = set()  # listeners whose training_log raised (warned once)
 
 
 @contextmanager
@@ -55,6 +59,27 @@ def notice(text: str) -> None:
         logging.getLogger("coevo").warning(text)
     for listener in _listeners:
         listener.notice(text)
+
+
+def series_name(what: str) -> str:
+    """A trainer's description as a metric-name segment: "phase 01_query" -> "01_query",
+    "round_1 DPO" -> "round_1_dpo"."""
+    return re.sub(r"[^0-9a-z]+", "_", what.removeprefix("phase ").lower()).strip("_") or "training"
+
+
+def training_log(what: str, step: int, values: Mapping[str, float]) -> None:
+    """One logged training step (loss, reward mean and std, KL, ...) of the trainer ``what``.
+
+    A listener that fails (a tracking store gone away) must not end an hour of training: the
+    failure is logged once per listener and the step goes on."""
+    series = series_name(what)
+    for listener in list(_listeners):
+        try:
+            listener.training_log(series, step, values)
+        except Exception as exc:  # noqa: BLE001 - the training matters more than its live chart
+            if id(listener) not in _failed:
+                _failed.add(id(listener))
+                logging.getLogger("coevo").warning("live training metrics stopped (%s): %s", type(exc).__name__, exc)
 
 
 def counts() -> dict[str, int]:

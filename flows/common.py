@@ -111,7 +111,8 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
         live = LiveSeries(tracker)
         _data(pipe, stage)
         tracker.log_input(pipe.layout.processed, name=pipe.layout.dataset, digest=fingerprint(pipe.layout.processed))
-        _train(pipe, stage, train, live)
+        with progress.listening(LiveSteps(tracker)):  # each trainer step as it is logged
+            _train(pipe, stage, train, live)
         # a whole run leaves its DVC record (its resolved params); a single stage is DVC's to record
         return evaluate(pipe, tracker, live, resolved=resolved if stage == ALL else None, stage=stage)
 
@@ -136,6 +137,19 @@ class LiveSeries:
                 if (kind, step_no) not in self.logged:
                     self.tracker.log_metrics(phase_metric_names(metrics) if kind == "phase" else metrics, step=step_no)
                     self.logged.add((kind, step_no))
+
+
+class LiveSteps(progress.StepListener):
+    """Charts every logged training step while its phase trains: ``live/<trainer>/<value>`` at the
+    trainer's own step (``live/01_query/reward``, ``live/00_sft_query_generator/loss``), so a chart
+    names its phase. Steps of a trainer in another process (a Ray or GPU worker) do not come here;
+    their curves arrive with the phase's record (``grpo/*``)."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
+
+    def training_log(self, series: str, step: int, values: dict[str, float]) -> None:
+        self.tracker.log_metrics({f"live/{series}/{key}": value for key, value in values.items()}, step=step)
 
 
 def phase_metric_names(metrics: dict[str, float]) -> dict[str, float]:

@@ -87,6 +87,12 @@ def test_full_run_logs_every_phase_to_mlflow(finished, chdir, tmp_path):
     assert curve_steps and curve_steps == sorted(set(curve_steps))
     for name in ("grpo/reward", "grpo/reward_std", "grpo/frac_reward_zero_std", "grpo/step_time"):
         assert sorted(m.step for m in client.get_metric_history(run_id, name)) == curve_steps, name
+    # Streamed while the phase trained: 01_query's steps arrive after 00_sft's val figures and before its own.
+    for name in ("loss", "reward", "reward_std", "frac_reward_zero_std", "step_seconds"):
+        points = client.get_metric_history(run_id, f"live/01_query/{name}")
+        assert points and f1[0].timestamp <= min(p.timestamp for p in points), name
+        assert max(p.timestamp for p in points) <= f1[1].timestamp, name
+    assert [k for k in mlrun.data.metrics if k.startswith("live/00_sft") and k.endswith("/loss")], mlrun.data.metrics
     metrics = mlrun.data.metrics
     assert "bm25/val/f1" in metrics and "bm25/test/f1" in metrics and "test/00_sft/f1" in metrics
     # What a comparer reads first: the served phase's headline and its gains with CI bounds.

@@ -666,6 +666,41 @@ def test_a_non_finite_loss_stops_training_naming_the_phase_and_knob():
             callback.on_log(None, State(), None, logs={key: float("nan")})
 
 
+
+def test_each_logged_step_reaches_the_listeners_and_a_failing_listener_does_not_stop_training(caplog):
+    """What the open MLflow run charts while a phase trains (flows.common.LiveSteps): every logged
+    step, named by its trainer; a tracking store that fails is warned about once, not raised."""
+    from coevo import progress
+    from coevo.train.common import report_steps
+
+    class State:
+        global_step = 0
+
+    seen = []
+
+    class Recorder(progress.StepListener):
+        def training_log(self, series, step, values):
+            seen.append((series, step, values))
+
+    class Broken(progress.StepListener):
+        def training_log(self, series, step, values):
+            raise ConnectionError("tracking store gone")
+
+    callback = report_steps("phase 01_query")
+    with progress.listening(Broken()), progress.listening(Recorder()):
+        callback.on_train_begin(None, State(), None)
+        for step in (1, 2):
+            State.global_step = step
+            callback.on_log(None, State(), None, logs={"loss": 0.5 * step, "reward": -1, "note": "text", "ok": True})
+        callback.on_log(None, State(), None, logs={"train_runtime": 3.0, "train_loss": 0.75})  # the summary
+    assert [(series, step) for series, step, _ in seen] == [("01_query", 1), ("01_query", 2)]
+    assert [sorted(values) for _, _, values in seen] == [["loss", "reward", "step_seconds"]] * 2
+    assert [values["loss"] for _, _, values in seen] == [0.5, 1.0] and all(v["step_seconds"] >= 0 for _, _, v in seen)
+    assert [r.getMessage() for r in caplog.records if "live training metrics" in r.getMessage()] == [
+        "live training metrics stopped (ConnectionError): tracking store gone"]
+    assert [progress.series_name(w) for w in ("phase 00_sft (query generator)", "round_1 DPO", "S1a encoder", "")] == [
+        "00_sft_query_generator", "round_1_dpo", "s1a_encoder", "training"]
+
 @pytest.mark.slow
 def test_failed_starts_leave_nothing_that_blocks_the_corrected_run(tmp_path, chdir):
     """A diverging SFT (learning rate 1e30) fails naming the knob and never checkpoints the phase; a

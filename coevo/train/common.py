@@ -104,6 +104,38 @@ def stop_on_non_finite(what: str, out_dir: Any = None, knob: str | None = None, 
     return StopOnNonFinite()
 
 
+def report_steps(what: str):
+    """A transformers TrainerCallback that sends each logged step to :func:`coevo.progress.training_log`
+    (the open MLflow run charts it while the phase trains), with ``step_seconds``: the wall time
+    since the previous logged step. It only reads the logs: training is the same with or without it."""
+    import time
+
+    from transformers import TrainerCallback
+
+    from coevo import progress
+
+    class ReportSteps(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ARG002 - TrainerCallback API
+            self.last = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ARG002 - TrainerCallback API
+            if "train_runtime" in (logs or {}):  # the end-of-training summary, not a step
+                return
+            now = time.perf_counter()
+            values = {k: float(v) for k, v in (logs or {}).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            values["step_seconds"] = now - getattr(self, "last", now)
+            self.last = now
+            progress.training_log(what, state.global_step, values)
+
+    return ReportSteps()
+
+
+def step_callbacks(what: str, out_dir: Any = None, knob: str | None = None, learning_rate: float | None = None):
+    """The callbacks every trainer of ours runs: stop at a non-finite step, report each step."""
+    return [stop_on_non_finite(what, out_dir, knob, learning_rate), report_steps(what)]
+
+
 # No trained network has a weight this large; an absurd learning rate (1e30) drives LoRA
 # weights to ~1e30 while the loss stays finite (saturated), so finiteness alone misses it.
 MAX_ABS_WEIGHT = 1e6

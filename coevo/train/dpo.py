@@ -23,7 +23,7 @@ from coevo.train.common import (
     check_finite_weights,
     last_of,
     limit_cpu_threads,
-    stop_on_non_finite,
+    step_callbacks,
     trainer_device_args,
 )
 
@@ -111,7 +111,7 @@ def train_dpo(
                 args=config,
                 train_dataset=dataset,
                 processing_class=tokenizer,
-                callbacks=[stop_on_non_finite(**guard)],
+                callbacks=step_callbacks(**guard),
             )
             result = trainer.train()
             history = trainer.state.log_history

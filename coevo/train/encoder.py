@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from coevo.config import EncoderTrainingParams
 from coevo.io import atomic_path, write_json
-from coevo.train.common import check_finite_result, check_finite_weights, limit_cpu_threads, stop_on_non_finite
+from coevo.train.common import check_finite_result, check_finite_weights, limit_cpu_threads, step_callbacks
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -88,7 +88,7 @@ def train_encoder(
             args=args,
             train_dataset=dataset,
             loss=MultipleNegativesRankingLoss(encoder),
-            callbacks=[stop_on_non_finite(**guard)],
+            callbacks=step_callbacks(**guard),
         )
         result = trainer.train()
     check_finite_result(result.training_loss, "the mean training loss", **guard)

@@ -30,7 +30,7 @@ from coevo.train.common import (
     limit_cpu_threads,
     mean_of,
     non_finite_from,
-    stop_on_non_finite,
+    step_callbacks,
     trainer_device_args,
 )
 
@@ -166,7 +166,7 @@ def train_grpo(
             args=config,
             train_dataset=dataset,
             processing_class=generator.tokenizer,
-            callbacks=[*callbacks, stop_on_non_finite(**guard)],
+            callbacks=[*callbacks, *step_callbacks(**guard)],
         )
         try:
             trainer.train()

@@ -16,7 +16,7 @@ from coevo.train.common import (
     last_of,
     limit_cpu_threads,
     mean_of,
-    stop_on_non_finite,
+    step_callbacks,
     trainer_device_args,
 )
 
@@ -103,7 +103,7 @@ def train_sft(
             args=config,
             train_dataset=dataset,
             processing_class=generator.tokenizer,
-            callbacks=[stop_on_non_finite(**guard)],
+            callbacks=step_callbacks(**guard),
         )
         result = trainer.train()
     generator.model = trainer.model
