@@ -92,6 +92,9 @@ def publish(pipe: Pipeline, tracker: Tracker, *, table: Mapping[str, Any] | None
 
     tracker.set_tags({"registry.model": name, "registry.version": version, "registry.decision": decision.decision,
                       "registry.champion": decision.champion_now, "registry.metric": metric})
+    # Every run says whether it became the champion (a first version too, with nothing to compare);
+    # the difference from the champion exists only where there was one.
+    tracker.log_metrics({"gate/promoted": float(decision.promoted)})
     if decision.difference:
         d = decision.difference
         tracker.log_metrics({f"gate/{metric}/difference": d["mean"], f"gate/{metric}/ci_low": d["ci_low"],

@@ -249,7 +249,9 @@ def test_each_run_registers_a_challenger_and_the_gate_keeps_an_equal_one_out(tmp
     assert mlrun.info.run_name.startswith(f"cogr-{DATASET}-20")
     assert mlrun.data.tags["registry.decision"] == "kept" and mlrun.data.tags["registry.version"] == "2"
     assert "Registry: coevo-cogr-toy v2: kept champion v1" in mlrun.data.tags[NOTE_TAG]
-    assert "gate/f1/ci_low" in mlrun.data.metrics
+    assert "gate/f1/ci_low" in mlrun.data.metrics and mlrun.data.metrics["gate/promoted"] == 0.0
+    first_run = client.get_run(client.get_model_version(NAME, "1").run_id).data.metrics  # no champion to compare with
+    assert first_run["gate/promoted"] == 1.0 and not [k for k in first_run if k.startswith("gate/f1/")]
 
     # by hand: --force moves the champion; again: nothing to do
     runner = CliRunner()
