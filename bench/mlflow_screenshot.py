@@ -182,8 +182,11 @@ async def capture(browser: str, origin: str, fragment: str, out: Path, size: str
             script = "".join(f"localStorage.setItem({json.dumps(k)}, {json.dumps(json.dumps(v))});"
                              for k, v in UI_SETTINGS.items())
             await call("Runtime.evaluate", expression=script)
+            # A hash change keeps the app as it started (and may not have applied before a reload):
+            # leave the page, then load the app afresh at the fragment, with the settings.
+            await call("Page.navigate", url="about:blank")
+            await asyncio.sleep(0.5)
             await call("Page.navigate", url=f"{origin}/{fragment}")
-            await call("Page.reload")  # a hash change keeps the app as it started: load it again, with the settings
             deadline = time.monotonic() + wait_ms / 1000
             if search:
                 while True:
