@@ -33,6 +33,7 @@ def listening(listener: StepListener) -> Iterator[None]:
         yield
     finally:
         _listeners.remove(listener)
+        _failed.discard(id(listener))  # an id may be reused by a later listener
 
 
 def plan(total: int, title: str) -> None:

@@ -94,11 +94,12 @@ def publish(pipe: Pipeline, tracker: Tracker, *, table: Mapping[str, Any] | None
                       "registry.champion": decision.champion_now, "registry.metric": metric})
     # Every run says whether it became the champion (a first version too, with nothing to compare);
     # the difference from the champion exists only where there was one.
-    tracker.log_metrics({"gate/promoted": float(decision.promoted)})
+    gate = {"gate/promoted": float(decision.promoted)}
     if decision.difference:
         d = decision.difference
-        tracker.log_metrics({f"gate/{metric}/difference": d["mean"], f"gate/{metric}/ci_low": d["ci_low"],
-                             f"gate/{metric}/ci_high": d["ci_high"], f"gate/{metric}/p_value": d["p_value"]})
+        gate.update({f"gate/{metric}/difference": d["mean"], f"gate/{metric}/ci_low": d["ci_low"],
+                     f"gate/{metric}/ci_high": d["ci_high"], f"gate/{metric}/p_value": d["p_value"]})
+    tracker.log_metrics(gate)
     tracker.rename(run_label or run_name(method, lay.dataset, stage))
     rows = (table or {}).get("rows") or []
     columns = (table or {}).get("columns") or list(pipe.method_cls.table_metrics)

@@ -666,7 +666,6 @@ def test_a_non_finite_loss_stops_training_naming_the_phase_and_knob():
             callback.on_log(None, State(), None, logs={key: float("nan")})
 
 
-
 def test_each_logged_step_reaches_the_listeners_and_a_failing_listener_does_not_stop_training(caplog):
     """What the open MLflow run charts while a phase trains (flows.common.LiveSteps): every logged
     step, named by its trainer; a tracking store that fails is warned about once, not raised."""
@@ -700,6 +699,7 @@ def test_each_logged_step_reaches_the_listeners_and_a_failing_listener_does_not_
         "live training metrics stopped (ConnectionError): tracking store gone"]
     assert [progress.series_name(w) for w in ("phase 00_sft (query generator)", "round_1 DPO", "S1a encoder", "")] == [
         "00_sft_query_generator", "round_1_dpo", "s1a_encoder", "training"]
+
 
 @pytest.mark.slow
 def test_failed_starts_leave_nothing_that_blocks_the_corrected_run(tmp_path, chdir):

@@ -119,11 +119,11 @@ def report_steps(what: str):
             self.last = time.perf_counter()
 
         def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ARG002 - TrainerCallback API
-            if "train_runtime" in (logs or {}):  # the end-of-training summary, not a step
+            logs = logs or {}
+            if "train_runtime" in logs:  # the end-of-training summary, not a step
                 return
             now = time.perf_counter()
-            values = {k: float(v) for k, v in (logs or {}).items()
-                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            values = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             values["step_seconds"] = now - getattr(self, "last", now)
             self.last = now
             progress.training_log(what, state.global_step, values)
