@@ -213,9 +213,9 @@ def _tokenizer_of(generator: Any, folder: str):
         return generator.tokenizer
     from transformers import AutoTokenizer
 
-    from coevo.models.registry import _prepare_tokenizer
+    from coevo.models.registry import prepare_tokenizer
 
-    return _prepare_tokenizer(AutoTokenizer.from_pretrained(Path(folder) / "tokenizer"))
+    return prepare_tokenizer(AutoTokenizer.from_pretrained(Path(folder) / "tokenizer"))
 
 
 def generation_shards(tokenizer: Any, prompts: Sequence[Any], batch_size: int) -> tuple[list[str], list[list[int]]]:
@@ -319,14 +319,14 @@ def vllm_available() -> bool:
 def _vllm_model(folder: str) -> dict[str, Any] | None:
     """What vLLM serves for a saved generator: {"model_source", "lora"} (None for `tiny`,
     whose random base exists only as a coevo checkpoint)."""
-    from coevo.models.registry import TINY, _resolve
+    from coevo.models.registry import TINY, resolve_model_source
 
     meta = json.loads((Path(folder) / GENERATOR_META).read_text(encoding="utf-8"))
     if meta["format"] == "full":
         return {"model_source": str(Path(folder) / "model"), "lora": None}
     if meta["name"] == TINY:
         return None
-    return {"model_source": _resolve(meta["name"], None), "lora": str(Path(folder) / "adapter"),
+    return {"model_source": resolve_model_source(meta["name"], None), "lora": str(Path(folder) / "adapter"),
             "max_lora_rank": int((meta.get("lora") or {}).get("r", 16))}
 
 
@@ -456,25 +456,3 @@ class EmbedWorker:
 def _rows_out(batch: dict[str, np.ndarray], outputs: list[Any], seconds: list[float]) -> dict[str, np.ndarray]:
     return {"shard": np.asarray(batch["shard"]), "output": np.asarray(outputs, dtype=object),
             "seconds": np.asarray(seconds, dtype=np.float64), "worker": np.full(len(outputs), os.getpid())}
-
-
-# ------------------------------------------------------------------- Prefect steps on Ray
-def rebuild_step(method: str, params: Any, project: str, name: str, key: str):
-    """The evaluate-stage step ``name`` of ``method``'s pipeline, rebuilt on a Ray worker.
-
-    A step's closures hold the pipeline and its loaded models, which must not travel; a worker
-    rebuilds the step from the params in the project folder (shared storage on a cluster) and
-    checks that it computes the same key as the driver did.
-    """
-    from coevo.pipeline import Pipeline
-
-    os.chdir(project)
-    pipe = Pipeline(method, params)
-    steps = {s.name: s for s in pipe.baseline_steps()}
-    if name not in steps:
-        raise ValueError(f"{name!r} is not an independent evaluate step of {method} ({', '.join(steps)})")
-    step = steps[name]
-    if step.key != key:
-        raise RuntimeError(f"{name}: the Ray worker computes key {step.key}, the driver {key}: the project folder "
-                           f"{project} differs between them (put it on shared storage)")
-    return step

@@ -711,7 +711,7 @@ def fields_of(model: type[Section]) -> dict[str, FieldInfo]:
     return {**model.model_fields, **method_sections()} if model is Params else dict(model.model_fields)
 
 
-def _section_type(annotation: Any) -> type[Section] | None:
+def section_type(annotation: Any) -> type[Section] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, Section) else None
 
 
@@ -724,7 +724,7 @@ def walk(model: type[Section] = Params, prefix: str = "") -> Iterator[tuple[str,
     for name, info in fields_of(model).items():
         key = f"{prefix}{name}"
         yield key, info
-        sub = _section_type(info.annotation)
+        sub = section_type(info.annotation)
         if sub is not None:
             yield from walk(sub, key + ".")
 
@@ -738,7 +738,7 @@ def field_at(key: str, model: type[Section] = Params) -> FieldInfo | None:
         if part not in fields:
             return None
         info = fields[part]
-        current = _section_type(info.annotation)
+        current = section_type(info.annotation)
     return info
 
 
@@ -752,7 +752,7 @@ def _open_mapping_at(parts: Sequence[str]) -> bool:
         annotation = fields[part].annotation
         if _is_open_mapping(annotation):
             return True
-        current = _section_type(annotation)
+        current = section_type(annotation)
     return False
 
 
@@ -905,7 +905,7 @@ def _trl_sections(params: Params) -> Iterator[tuple[str, str, TrainerSection]]:
     yield from visit(params, "", "")
 
 
-def _trl_field_types(cls: type) -> dict[str, Any]:
+def trl_field_types(cls: type) -> dict[str, Any]:
     import dataclasses
 
     hints = typing.get_type_hints(cls)
@@ -952,7 +952,7 @@ def check_trl(params: Params) -> list[str]:
 
     for key, parent, section in sections:
         cls = getattr(trl, section.trl_config)
-        fields = _trl_field_types(cls)
+        fields = trl_field_types(cls)
         checked: dict[str, Any] = {}
         bad = False
         for name, value in section.trl.items():
@@ -971,7 +971,7 @@ def check_trl(params: Params) -> list[str]:
             value, problem = _check_trl_value(fields[name], value)
             if problem:
                 errors.append(f"{where}: {problem} (got {value!r}; trl.{section.trl_config}.{name} is "
-                              f"{_type_name(fields[name])})")
+                              f"{type_name(fields[name])})")
                 bad = True
                 continue
             checked[name] = value
@@ -1004,9 +1004,9 @@ def _construct(cls: type, section: TrainerSection, extra: dict[str, Any]) -> str
     return None
 
 
-def _type_name(annotation: Any) -> str:
+def type_name(annotation: Any) -> str:
     if typing.get_origin(annotation) in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(annotation))
+        return " | ".join(type_name(a) for a in typing.get_args(annotation))
     if annotation is type(None):
         return "null"
     return getattr(annotation, "__name__", str(annotation))
@@ -1105,7 +1105,7 @@ def section(key: str, /, **changes: Any) -> Section:
     tree = load_tree(path)
     node: Any = tree
     parts = key.split(".")
-    if _section_type(getattr(field_at(key), "annotation", None)) is None:
+    if section_type(getattr(field_at(key), "annotation", None)) is None:
         raise ParamsError(f"{key!r} is not a section{_suggest(parts)}")
     for part in parts:
         node = node[part]

@@ -23,10 +23,10 @@ from prefect.context import TaskRunContext
 
 from coevo import progress
 from coevo.memory import release_freed_memory
-from coevo.pipeline import Step
+from coevo.pipeline import Pipeline, Step
 
 if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
-    from coevo.pipeline import Pipeline
+    from coevo.config import Params
 
 RESULTS_DIR = Path(".prefect") / "results"
 _TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.EIO, errno.ETIMEDOUT, errno.ECONNRESET}
@@ -87,6 +87,25 @@ def _remote_step(build: Callable[[], Step], key: str) -> dict[str, Any]:
         release_freed_memory()
 
 
+def rebuild_step(method: str, params: Params, project: str, name: str, key: str) -> Step:
+    """The evaluate-stage step ``name`` of ``method``'s pipeline, rebuilt on a Ray worker.
+
+    A step's closures hold the pipeline and its loaded models, which must not travel; a worker
+    rebuilds the step from the params in the project folder (shared storage on a cluster) and
+    checks that it computes the same key as the driver did.
+    """
+    os.chdir(project)
+    pipe = Pipeline(method, params)
+    steps = {s.name: s for s in pipe.baseline_steps()}
+    if name not in steps:
+        raise ValueError(f"{name!r} is not an independent evaluate step of {method} ({', '.join(steps)})")
+    step = steps[name]
+    if step.key != key:
+        raise RuntimeError(f"{name}: the Ray worker computes key {step.key}, the driver {key}: the project folder "
+                           f"{project} differs between them (put it on shared storage)")
+    return step
+
+
 @contextlib.contextmanager
 def fan_out(pipe: Pipeline) -> Iterator[Callable[[Step], Callable[[], dict[str, Any]]]]:
     """``submit(step) -> wait()`` for steps that depend on nothing still running.
@@ -110,7 +129,7 @@ def fan_out(pipe: Pipeline) -> Iterator[Callable[[Step], Callable[[], dict[str, 
     from prefect_ray import RayTaskRunner
     from prefect_ray.context import remote_options
 
-    from coevo.compute import ray_init_args, rebuild_step
+    from coevo.compute import ray_init_args
 
     project = Path.cwd()
     address, init_kwargs = ray_init_args(pipe.params.compute)

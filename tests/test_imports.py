@@ -146,6 +146,29 @@ def test_prefect_and_mlflow_only_in_the_cli():
     assert not found, "\n".join(found)
 
 
+def test_compute_leaves_orchestration_to_tasks():
+    """coevo/compute.py runs work (generation, embedding) and never builds a pipeline: rebuilding a
+    pipeline's step on a Ray worker is orchestration, in tasks/steps.py."""
+    found = violations("coevo/compute.py never imports coevo.pipeline or coevo.methods",
+                       lambda p: p == Path("coevo/compute.py"), lambda m: _is(m, "coevo.pipeline", "coevo.methods"))
+    assert not found, "\n".join(found)
+
+
+def _private(module: str) -> bool:
+    """``coevo.models.registry._resolve``: a project module's private name (not a dunder)."""
+    parts = module.split(".")
+    return parts[0] in ("coevo", "tasks", "flows") and any(
+        part.startswith("_") and not part.startswith("__") for part in parts[1:])
+
+
+def test_no_module_imports_another_modules_private_names():
+    """What one module uses of another is public (named without a leading underscore)."""
+    found = [imp.describe("no private name of another module") for folder in ("coevo", "tasks", "flows")
+             for path in sorted((REPO_ROOT / folder).rglob("*.py")) for imp in imports_of(path)
+             if _private(imp.module) and not imp.module.startswith(_module_name(path) + ".")]
+    assert not found, "\n".join(found)
+
+
 def test_only_coevo_packages_are_installed():
     config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     include = config["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -177,6 +200,8 @@ def test_the_walker_sees_every_kind_of_import(tmp_path, monkeypatch):
     assert {(1, "os"), (2, "coevo.train"), (3, "coevo.train.grpo"), (4, "coevo.models.prompts"),
             (7, "flows.cogr"), (8, "tasks"), (8, "mlflow")} <= got
     assert _resolve(package / "__init__.py", "tiny", 1) == "coevo.models.tiny"
+    assert _private("coevo.models.registry._resolve") and not _private("coevo.methods.__init__")
+    assert not _private("_thread") and not _private("coevo.models.registry.resolve_model_source")
     assert Import(Path("coevo/models/bad.py"), 2, "coevo.train").describe("rule") == (
         "coevo/models/bad.py:2: imports coevo.train (rule)"
     )

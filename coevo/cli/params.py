@@ -157,7 +157,7 @@ def _print_table(loaded: "Params", rows: list[tuple[str, "FieldInfo"]]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from coevo.config import _section_type
+    from coevo.config import section_type
 
     table = Table(show_lines=False, header_style="bold", pad_edge=False)
     table.add_column("key", style="cyan", no_wrap=True)
@@ -165,7 +165,7 @@ def _print_table(loaded: "Params", rows: list[tuple[str, "FieldInfo"]]) -> None:
     table.add_column("value", overflow="fold")
     table.add_column("what it does", overflow="fold")
     for k, info in rows:
-        if _section_type(info.annotation) is not None:
+        if section_type(info.annotation) is not None:
             table.add_row(f"[bold]{k}[/]", "section", "", f"[bold]{escape(info.description or '')}[/]")
         else:
             table.add_row(k, escape(type_text(info, k)), escape(value_text(_value_at(loaded, k))),
@@ -212,7 +212,7 @@ def _explain_trl_field(loaded: "Params", section_key: str, name: str) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from coevo.config import ParamsError, _trl_field_types, _type_name, close_matches
+    from coevo.config import ParamsError, trl_field_types, type_name, close_matches
 
     section = _value_at(loaded, section_key)
     cls = getattr(trl, section.trl_config)
@@ -228,7 +228,7 @@ def _explain_trl_field(loaded: "Params", section_key: str, name: str) -> None:
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
     grid.add_row("key", f"[cyan]{key}[/]")
-    grid.add_row("accepts", escape(_type_name(_trl_field_types(cls)[name])))
+    grid.add_row("accepts", escape(type_name(trl_field_types(cls)[name])))
     if owned is not None:
         parent = section_key.rsplit(".", 1)[0] if "." in section_key else ""
         grid.add_row("value", escape(f"set by coevo: use {owned.format(self=section_key, parent=parent)}"))

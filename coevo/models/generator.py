@@ -170,14 +170,14 @@ class Generator:
         """Load a generator written by :meth:`save` (adapters stay trainable by default)."""
         from transformers import AutoTokenizer
 
-        from coevo.models.registry import _prepare_tokenizer
+        from coevo.models.registry import prepare_tokenizer
 
         directory = Path(directory)
         meta_path = directory / META_FILE
         if not meta_path.exists():
             raise FileNotFoundError(f"{directory}: not a saved generator ({META_FILE} is missing)")
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        tokenizer = _prepare_tokenizer(AutoTokenizer.from_pretrained(directory / "tokenizer"))
+        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(directory / "tokenizer"))
         lora = LoraParams(**meta["lora"]) if meta.get("lora") else None
         if meta["format"] == "full":
             model, _ = load_causal_lm(str(directory / "model"))

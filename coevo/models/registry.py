@@ -89,7 +89,7 @@ def _convert_smollm2(dest: Path) -> None:
         tokenizer.save_pretrained(tmp)
 
 
-def _resolve(name: str, cache_dir: Path | None) -> str:
+def resolve_model_source(name: str, cache_dir: Path | None) -> str:
     if name == SMOLLM2:
         return str(smollm2_checkpoint(cache_dir))
     return name
@@ -103,11 +103,11 @@ def load_tokenizer(name: str, *, corpus: Sequence[str] | None = None, cache_dir:
         return build_tiny_tokenizer(corpus or [], TinySpec().vocab_size)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(_resolve(name, cache_dir), trust_remote_code=False)
-    return _prepare_tokenizer(tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_source(name, cache_dir), trust_remote_code=False)
+    return prepare_tokenizer(tokenizer)
 
 
-def _prepare_tokenizer(tokenizer):
+def prepare_tokenizer(tokenizer):
     tokenizer.padding_side = "left"  # decoder-only batched generation
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -143,7 +143,7 @@ def load_causal_lm(
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        source = _resolve(name, cache_dir)
+        source = resolve_model_source(name, cache_dir)
         if not (Path(source).exists() or "/" in source):
             raise ValueError(
                 f"model {name!r}: not a registry name ({', '.join(OFFLINE_MODELS)}), "
@@ -154,7 +154,7 @@ def load_causal_lm(
             model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, trust_remote_code=False)
         except OSError as exc:
             raise FileNotFoundError(f"model {name!r}: cannot load from {source}: {exc}") from None
-        tokenizer = _prepare_tokenizer(tokenizer)
+        tokenizer = prepare_tokenizer(tokenizer)
         model = model.to(device)
         if model.generation_config.pad_token_id is None:
             model.generation_config.pad_token_id = tokenizer.pad_token_id
