@@ -14,7 +14,9 @@ Prefect task (tasks/steps.py); what a step depends on is declared in the library
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
@@ -115,6 +117,40 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
             _train(pipe, stage, train, live)
         # a whole run leaves its DVC record (its resolved params); a single stage is DVC's to record
         return evaluate(pipe, tracker, live, resolved=resolved if stage == ALL else None, stage=stage)
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """An open MLflow run of `coevo train`: where to watch it, and what to call when a phase ends."""
+
+    url: str
+    phase_done: Callable[[], None]
+
+
+@contextmanager
+def training_run(method: Method, params: Params, params_path: str | Sequence[str], overrides: Sequence[str] | None,
+                 data_dir: Path) -> Iterator[TrainingRun]:
+    """The MLflow run of `coevo train`: the train stage only, so no evaluation, model or registry.
+
+    It opens before the first phase with what `coevo run`'s run opens with (params and numerics
+    tags, params.yaml, the data set as input), charts each trainer step while it trains
+    (``live/*``), and logs each phase's val metrics when the caller calls ``phase_done`` (after
+    every phase). It ends FINISHED, FAILED, or KILLED on Ctrl-C, like `coevo run`'s."""
+    pipe = Pipeline(method.name, params)
+    name = run_name(pipe.name, f"{pipe.layout.dataset}-train")  # <method>-<dataset>-train-<UTC date>
+    with Tracker(uri=params.tracking.uri, artifact_root=params.tracking.artifact_root, experiment=pipe.name,
+                 run_name=name, system_metrics_s=params.tracking.system_metrics_s) as tracker:
+        tracker.log_params(params.flat())
+        tracker.set_tags({**_tags(pipe, (data_dir, method.run_dir)), "coevo.stage": "train",
+                          "coevo.command": "coevo train"})
+        resolved = load_tree(_paths(params_path), list(overrides or []))
+        tracker.log_text(yaml.safe_dump(resolved, sort_keys=False), "params.yaml")
+        tracker.log_input(data_dir, name=pipe.layout.dataset, digest=fingerprint(data_dir))
+        live = LiveSeries(tracker)
+        with progress.listening(LiveSteps(tracker)):
+            yield TrainingRun(tracker.run_url(), lambda: live.log(method))
+        live.log(method)  # phases that were already done (resumed) are charted too
+        tracker.set_tags(_tags(pipe, (data_dir, method.run_dir)))  # the run folder's DVC md5 now that it trained
 
 
 def _paths(params_path: str | Sequence[str]) -> list[str]:
@@ -230,14 +266,16 @@ def record_dvc(pipe: Pipeline, resolved: dict[str, Any], experiment: str) -> Rec
         return Record(pipe.name, skipped=str(exc))
 
 
-def _tags(pipe: Pipeline) -> dict[str, str]:
+def _tags(pipe: Pipeline, paths: Sequence[Path] | None = None) -> dict[str, str]:
+    """Lineage tags: git commit, data set, method, the DVC md5 of each of ``paths`` (default: the
+    layout's data set, run folder and index) that exists, the Prefect flow run."""
     from prefect.context import FlowRunContext
 
     lay = pipe.layout
     sha, dirty = git_commit()
     tags = {"git.commit": sha, "git.dirty": str(dirty).lower(), "mlflow.source.git.commit": sha,
             "dataset": lay.dataset, "method": pipe.name}
-    for path in (lay.processed, lay.run_dir, lay.index_dir):
+    for path in paths or (lay.processed, lay.run_dir, lay.index_dir):
         if path.exists():
             tags[f"dvc.md5.{path}"] = fingerprint(path)
     ctx = FlowRunContext.get()

@@ -605,6 +605,35 @@ def test_a_finished_phase_whose_adapter_was_truncated_runs_again_with_a_notice(t
     assert train().stdout.count("notice") == 0  # verified once more, nothing to redo
 
 
+@pytest.mark.slow
+def test_coevo_train_is_a_running_mlflow_run_while_it_trains_and_killed_on_ctrl_c(tmp_path):
+    """`coevo train` opens its MLflow run before the first phase: RUNNING, with SFT's val metrics,
+    while the next phase trains; Ctrl-C ends it KILLED; `--no-track` opens none."""
+    from mlflow.tracking import MlflowClient
+
+    project = make_project(tmp_path / "p")
+    env = cli_env(project)
+    for stage in ("prepare", "validate"):
+        prepared = subprocess.run([COEVO, "run", "cogr", "--stage", stage], cwd=project, env=env, capture_output=True,
+                                  text=True, timeout=300)
+        assert prepared.returncode == 0, prepared.stdout + prepared.stderr
+    started = phase_started(project, "01_query")
+    cli = start_cli(project, "train", "cogr", log="train.log")
+    wait_for(started, "phase 01_query to start", cli)
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("cogr").experiment_id])
+    assert run.info.status == "RUNNING", run.info
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/f1")] == [0]  # SFT's, as it ended
+    os.killpg(cli.pid, signal.SIGINT)  # a terminal's Ctrl-C
+    assert cli.wait(timeout=120) == 130, (project / "train.log").read_text()
+    assert client.get_run(run.info.run_id).info.status == "KILLED"
+
+    untracked = subprocess.run([COEVO, "train", "cogr", "-q", "--no-track"], cwd=project, env=env,
+                               capture_output=True, text=True, timeout=900)
+    assert untracked.returncode == 0 and "MLflow run" not in untracked.stdout, untracked.stdout + untracked.stderr
+    assert [r.info.run_id for r in client.search_runs([run.info.experiment_id])] == [run.info.run_id]
+
+
 def test_disk_full_while_preparing_is_one_line_and_keeps_finished_files(tmp_path, monkeypatch):
     real = pd.DataFrame.to_parquet
     calls = []

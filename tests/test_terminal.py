@@ -146,3 +146,19 @@ def test_coevo_train_shows_its_phases_and_table_and_logs_the_library_output(tmp_
         proc.stdout
     log = (project / match.group(1)).read_text()
     assert "{'loss'" in log and "it/s]" in log, log[-2000:]
+
+    # its MLflow run opened before the first phase and charted each phase while the training ran
+    url = re.search(r"^MLflow run: (http://127\.0\.0\.1:5000/#/experiments/\d+/runs/(\w+))  \(live", proc.stdout, re.M)
+    assert url, proc.stdout
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    run = client.get_run(url.group(2))
+    assert run.info.status == "FINISHED" and run.info.run_name.startswith("cogr-toy-train-"), run.info
+    assert run.data.tags["coevo.command"] == "coevo train" and run.data.params["cogr.rounds"] == "2"
+    assert [i.dataset.name for i in run.inputs.dataset_inputs] == ["toy"]
+    val = client.get_metric_history(run.info.run_id, "val/f1")
+    assert [m.step for m in val] == [0, 1], val  # SFT and 01_query; early stopping skipped 02_item
+    steps = client.get_metric_history(run.info.run_id, "live/01_query/loss")
+    assert steps and all(val[0].timestamp <= m.timestamp <= val[1].timestamp for m in steps), (val, steps)
+    assert val[0].timestamp < run.info.end_time - 1000  # logged when SFT ended, not when the run did

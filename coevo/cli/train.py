@@ -1,8 +1,9 @@
-"""`coevo train METHOD`: a method's train stage in-process (no Prefect, no MLflow).
+"""`coevo train METHOD`: a method's train stage in-process (no Prefect server, no evaluation).
 
 It runs the same phases with the same staleness keys as `coevo run`, in the same run folder
 by default, so either command resumes, or re-runs only what a changed knob touches, after
-the other.
+the other. It opens an MLflow run of its own (``--no-track``: none) that charts each trainer
+step and each phase's val metrics while it trains (flows/common.py ``training_run``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def _first_unfinished(run):
 
 
 def _train(method: str, params: list[Path], overrides: list[str], data: Optional[Path], out: Optional[Path],
-           quiet: bool, state: TrainState | None = None, verbose: bool = False, **kwargs) -> None:
+           quiet: bool, state: TrainState | None = None, verbose: bool = False, track: bool = False,
+           **kwargs) -> None:
     from coevo import distributed
     from coevo.cli.run import library_output
     from coevo.checks import check_writable
@@ -82,8 +84,12 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
         run = method_class(method)(run_dir, loaded, data_dir, progress=not quiet, **kwargs)
         state.run = run
 
+        tracking = None  # the MLflow run, once open
+
         def done(phase, record) -> None:
             release_freed_memory()  # the next phase starts from what this one keeps, not from its peak
+            if tracking is not None:
+                tracking.phase_done()
             if not quiet:
                 shown = " ".join(f"{k}={record['eval'][k]:.4f}" for k in run.table_metrics
                                  if k in record.get("eval", {}))
@@ -91,7 +97,11 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
 
         # inputs checked: from here trainer dictionaries, progress bars and warnings go to logs/ (as in `coevo run`)
         write_run_params(run_dir, loaded)  # the run folder says how it was trained (coevo search -m RUN_DIR)
-        with library_output(state, verbose), progress.listening(_Notices()):
+        with library_output(state, verbose), progress.listening(_Notices()), \
+                _training_run(track, run, loaded, params, overrides, data_dir) as tracking:
+            if tracking is not None and not quiet:
+                console.print(f"MLflow run: {tracking.url}  (live; open it with: coevo ui)", highlight=False,
+                              soft_wrap=True)
             rows = run.run(on_phase=done)
         # the method says so itself, but under the redirection above its line went to the log
         skipped = _first_unfinished(run)
@@ -103,6 +113,25 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
         return
     console.print(results_table(run, rows))
     console.print(f"run folder: {run_dir}  (best phase on val: {run.best_phase()})", highlight=False)
+
+
+def _training_run(track: bool, run, loaded, params: list[Path], overrides: list[str], data_dir: Path):
+    """The MLflow run of this training (flows/common.py ``training_run`` of the project in the working
+    directory), or none: ``--no-track``, a rank other than 0, or no flows/ here (with a notice)."""
+    import contextlib
+
+    from coevo import distributed
+
+    common = Path("flows") / "common.py"
+    if not track or not distributed.is_writer():
+        return contextlib.nullcontext()
+    if not common.exists():
+        console.print(f"[yellow]notice[/] no MLflow run: {common.resolve()} is missing (run coevo from the project "
+                      "root to track this training, or pass --no-track)", highlight=False)
+        return contextlib.nullcontext()
+    from prefect.utilities.importtools import import_object  # a path, as prefect.yaml's entrypoints load it
+
+    return import_object(f"{common}:training_run")(run, loaded, [str(p) for p in params], overrides, data_dir)
 
 
 def _rank_zero_lock(run_dir: Path):
@@ -128,6 +157,9 @@ def _command(method: str, doc: str, vllm: bool) -> None:
                                            f"<data.root>/models/{method}/<data.dataset>. Re-running resumes; a changed "
                                            "knob re-runs only the phases that depend on it."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+        track: bool = typer.Option(True, "--track/--no-track", envvar="COEVO_TRACK", help="Open an MLflow run "
+                                   "(tracking.uri of the params) that charts every trainer step and each phase's "
+                                   "val metrics while it trains; it ends FINISHED, FAILED or KILLED."),
         verbose: bool = typer.Option(False, "--verbose", "-v", help="Keep library output (trainer logs, progress "
                                      "bars, warnings) on screen; show tracebacks."),
         use_vllm: bool = False,
@@ -136,7 +168,7 @@ def _command(method: str, doc: str, vllm: bool) -> None:
 
         state = TrainState(method)
         with run_errors(state, verbose):  # one line; under it the log's path, which holds the traceback
-            _train(method, params, set_, data, out, quiet, state, verbose,
+            _train(method, params, set_, data, out, quiet, state, verbose, track,
                    **({"use_vllm": True} if use_vllm else {}))
 
     _declare_vllm(command, vllm)
