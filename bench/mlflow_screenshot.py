@@ -1,13 +1,14 @@
 """Screenshot of the MLflow UI as a user meets it, and a check of what the page shows (not CI).
 
     .venv/bin/python bench/mlflow_screenshot.py [--experiment cogr] [--runs 4]
-        [--view compare|charts|runs|run|run-metrics|models] [--model NAME] [--search TEXT] [--expect TEXT ...]
+        [--view compare|charts|tables|runs|run|run-metrics|models] [--model NAME] [--search TEXT] [--expect TEXT ...]
         [--tracking-uri sqlite:///mlflow.db] [--out docs/mlflow_<view>.png]
 
 It starts `mlflow ui` on a free port of 127.0.0.1 over the tracking store (default: the
 `tracking.uri` of params.yaml), picks the experiment's latest runs, opens the run-comparison
 page (`#/compare-runs?runs=[...]&experiments=[...]`; `--view charts`: the experiment's runs
 side by side, one bar chart per metric, `--search summary/` keeping the summary metrics;
+`--view tables`: the runs' logged tables side by side (the runs page's table comparison);
 `--view runs`: the experiment's run list; `--view run`: the latest run's page, `run-metrics` its Model metrics tab; `--view models`: the registered model's page, of
 `--model` or of the latest run) in headless Chromium (Debian's `chromium` package:
 `apt-get install -y chromium`), saves a PNG and stops both. Each `--expect TEXT` must appear
@@ -109,6 +110,8 @@ def page(uri: str, experiment: str, runs: int, view: str, model: str | None = No
         return f"#/models/{urllib.parse.quote(model or registered_model(client, latest), safe='')}"
     if view == "charts":  # the runs side by side, a chart per metric
         return f"#/experiments/{found.experiment_id}/runs?compareRunsMode=CHART&{MODEL_TRAINING_VIEW}"
+    if view == "tables":  # the runs' logged tables (mlflow.log_table) side by side, a column per run
+        return f"#/experiments/{found.experiment_id}/runs?compareRunsMode=ARTIFACT&{MODEL_TRAINING_VIEW}"
     if view == "runs" or len(latest) < 2:
         return f"#/experiments/{found.experiment_id}?{MODEL_TRAINING_VIEW}"
     ids = [r.info.run_id for r in latest]
@@ -223,7 +226,7 @@ def main() -> None:
     parser.add_argument("--tracking-uri", default=None, help="MLflow store (default: tracking.uri of params.yaml)")
     parser.add_argument("--experiment", default="cogr")
     parser.add_argument("--runs", type=int, default=4, help="latest runs to compare")
-    parser.add_argument("--view", choices=("compare", "charts", "runs", "run", "run-metrics", "models"), default="compare")
+    parser.add_argument("--view", choices=("compare", "charts", "tables", "runs", "run", "run-metrics", "models"), default="compare")
     parser.add_argument("--model", help="registered model for --view models (default: the latest run's)")
     parser.add_argument("--search", help="with --view charts: text typed into the charts' search box (e.g. summary/)")
     parser.add_argument("--expect", action="append", default=[], help="text the page must show (repeatable)")

@@ -444,8 +444,10 @@ def table_artifacts(table: Mapping[str, Any], final: Mapping[str, Any]) -> dict[
         return {k: [r.get(k) for r in rows] for k in keys}
 
     rows = [{k: v for k, v in r.items() if k != "differences"} for r in table["rows"]]
-    row_keys = ["label", "kind", "split", "phase", "n_queries", *table["columns"]]
-    diff_keys = ["name", "a", "b", "metric", "split", "n", "mean", "ci_low", "ci_high", "p_value", "significant"]
+    # The row's name, then its numbers: MLflow's table comparison (the runs page's Evaluation view)
+    # groups by the first column and compares the second, so two runs open on their headline metric.
+    row_keys = ["label", *table["columns"], "kind", "split", "phase", "n_queries"]
+    diff_keys = ["name", "mean", "ci_low", "ci_high", "p_value", "significant", "a", "b", "metric", "split", "n"]
     best = next(r for r in reversed(final["rows"]) if r["phase"] == final["best_phase"])
     per_query = best.get("per_query") or {}
     query_ids = sorted({q for values in per_query.values() for q in values})

@@ -214,6 +214,8 @@ def _store_with_runs(tmp_path: Path, runs: int = 2, open_last: bool = False) -> 
     for i in range(runs):
         run = client.create_run(experiment, run_name=f"run-{i}")
         client.log_metric(run.info.run_id, "test/f1", 0.1 * i)
+        client.log_table(run.info.run_id, data={"label": ["BM25 (test)", "best phase (test)"], "f1": [0.5, 0.1 * i]},
+                         artifact_file="tables/results.json")
         if not (open_last and i == runs - 1):
             client.set_terminated(run.info.run_id)
         ids.append(run.info.run_id)
@@ -232,6 +234,8 @@ def test_mlflow_screenshot_page(tmp_path):
     assert re.fullmatch(r"#/experiments/\d+\?workflowType=machine_learning", module.page(uri, "cogr", 4, "runs"))
     assert re.fullmatch(r"#/experiments/\d+/runs\?compareRunsMode=CHART&workflowType=machine_learning",
                         module.page(uri, "cogr", 4, "charts"))
+    assert re.fullmatch(r"#/experiments/\d+/runs\?compareRunsMode=ARTIFACT&workflowType=machine_learning",
+                        module.page(uri, "cogr", 4, "tables"))
     assert module.page(uri, "cogr", 4, "run").endswith(f"/runs/{ids[-1]}?workflowType=machine_learning")
     assert module.page(uri, "cogr", 4, "run-metrics").endswith(f"/runs/{ids[-1]}/model-metrics?workflowType=machine_learning")
     assert module.page(uri, "cogr", 4, "models", model="coevo cogr") == "#/models/coevo%20cogr"
@@ -277,6 +281,11 @@ def test_mlflow_page_check(tmp_path):
                               "--out", str(out), "--size", "1000,700", "--wait-ms", "60000", "--expect", "test/f1"),
                        timeout=300)
     assert charts[-2] == "shows: 'test/f1'", charts
+    # Their logged tables side by side, a row per label of the first column.
+    tables = run_bench(script("mlflow_screenshot.py", "--tracking-uri", uri, "--view", "tables", "--out", str(out),
+                              "--size", "1000,700", "--wait-ms", "60000", "--expect", "tables/results.json",
+                              "--expect", "best phase (test)"), timeout=300)
+    assert tables[-2] == "shows: 'tables/results.json', 'best phase (test)'", tables
 
 
 # ------------------------------------------------------------------ the README's demo quote

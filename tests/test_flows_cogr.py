@@ -119,7 +119,7 @@ def test_full_run_logs_every_phase_to_mlflow(finished, chdir, tmp_path):
     resolved = yaml.safe_load(Path(client.download_artifacts(run_id, "params.yaml", str(tmp_path))).read_text())
     assert resolved == yaml.safe_load((root / "params.yaml").read_text())  # the params as one file
     results = json.loads(Path(client.download_artifacts(run_id, "tables/results.json", str(tmp_path))).read_text())
-    assert results["columns"][:2] == ["label", "kind"] and len(results["data"]) == len(summary["rows"])
+    assert results["columns"][:2] == ["label", summary["table_metrics"][0]] and len(results["data"]) == len(summary["rows"])
     assert {"metrics.json", "plots/cogr_phases.csv", "report/eval_f1.png", "report/keyword_dynamics.png",
             "report/keyword_dynamics.csv", "report/examples.md", "data_validation/validation.json"} <= artifacts
 
