@@ -124,7 +124,7 @@ def bench_round(generator: str, dataset: Path, queries: int, max_new_tokens: int
             from coevo.methods.cohyde import rewriter_messages
             from coevo.train.dpo import train_dpo
 
-            generator = run._generator("s1b")
+            generator = run.rewriter("s1b")
             samples = run.s4_sample(1)
             timing_pairs = [
                 {"prompt": generator.render(rewriter_messages(q["text"])), "chosen": s[0], "rejected": s[-1]}

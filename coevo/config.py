@@ -574,6 +574,12 @@ class CoHyDEParams(Section):
         "s1a is what the paper most likely means: it says S3 'retrains' the encoder 'only on (description, tool) "
         "pairs', so each round's encoder fits the current rewriter, not the descriptions of earlier ones."
     )
+    encode: Literal["description", "query_and_description"] = Field(
+        description="What the encoder embeds for a query, in S3 training, S4 scoring, every evaluation and serving: "
+        "description (the CoHyDE paper: the generated description only) or query_and_description (the query, a "
+        "new line, then the description: HyDE's own rule, which adds the query's vector to the hypothetical "
+        "documents', so a weak rewriter cannot lose the user's words)."
+    )
     eval_pairing: Literal["co_trained", "trained_rewriter_s1a_encoder", "vanilla_rewriter_co_trained_encoder"] = (
         Field(
             description="Which rewriter and encoder every round is evaluated with (val monitoring, round selection "

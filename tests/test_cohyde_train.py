@@ -221,7 +221,22 @@ def test_one_tiny_round_end_to_end(tmp_path):
         result = ablation.evaluate("round_1", store=False)
         assert (result["encoder"], result["rewriter"]) == (encoder, rewriter)
         assert not ablation.is_done("round_1")  # the pairing is part of the round's key
+        assert ablation.stages("round_1") == (encoder, rewriter)  # what serving loads
+    # What is encoded is part of vanilla HyDE's and every round's key, not of S1a's or S1b's.
+    both = CoHyDE(folder, _params(*TINY_ROUND, "cohyde.encode=query_and_description"), dataset_dir)
+    assert [p.name for p in both.phases() if both.is_done(p.name)] == [RAW, S1A, "s1b"]
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} == stamps
+
+
+def test_the_encoder_embeds_the_description_or_the_query_followed_by_it():
+    from coevo.methods.cohyde import searched_text
+
+    assert searched_text("find  the\tweather ", "Weather API: forecasts", "description") == "Weather API: forecasts"
+    assert (searched_text("find  the\tweather ", "Weather API: forecasts", "query_and_description")
+            == "find the weather\nWeather API: forecasts")
+    assert searched_text("find the weather", "", "query_and_description") == "find the weather"
+    with pytest.raises(ValueError, match="unknown cohyde.encode 'both'"):
+        searched_text("q", "d", "both")
 
 
 

@@ -72,6 +72,7 @@ def test_cohyde_ablation_knobs_enter_the_right_phases():
     assert _changed("cohyde", base, "cohyde.s1b_warmup=false") == ["s1b", "hyde", "round_1", "round_2"]
     assert _changed("cohyde", base, "cohyde.eval_pairing=trained_rewriter_s1a_encoder") == ["round_1", "round_2"]
     assert _changed("cohyde", base, "cohyde.s3_init=previous_round") == ["round_1", "round_2"]
+    assert _changed("cohyde", base, "cohyde.encode=query_and_description") == ["hyde", "round_1", "round_2"]
     run = method_class("cohyde").declared(_params(*base))
     assert run.phase("round_2").reads == ("s1a", "round_1")  # S3 of round 2 starts from the S1a encoder
     assert run._round_inputs(2) == ("round_2", "round_1", "s1a")

@@ -67,17 +67,18 @@ def overrides(method: str) -> list[str]:
     return ["seed=0", "data.root=data", f"data.dataset={DATASET}", *SETTINGS[method]]
 
 
-def trained(tmp_path_factory: pytest.TempPathFactory, method: str) -> Trained:
-    """The session's finished run of ``method`` (trained on first use, resumed after)."""
+def trained(tmp_path_factory: pytest.TempPathFactory, method: str, *extra: str, project: str = "serving") -> Trained:
+    """The session's finished run of ``method`` (trained on first use, resumed after); ``extra``
+    overrides go into a ``project`` folder of their own."""
     from coevo.data.loaders import load_source
     from coevo.methods.base import method_class
 
-    root = tmp_path_factory.getbasetemp() / "serving"
+    root = tmp_path_factory.getbasetemp() / project
     data_dir = root / "data" / "processed" / DATASET
     if not (data_dir / "dataset.json").exists():
         source = make_toy_metatool(root / "source")
         load_source("metatool", source, seed=0, val_fraction=0.25, test_fraction=0.25, name=DATASET).save(data_dir)
-    sets = overrides(method)
+    sets = [*overrides(method), *extra]
     result = Trained(method, root, load_params(REPO_ROOT / "params.yaml", sets), sets)
     method_class(method)(result.run_dir, result.params, data_dir).run()
     return result
@@ -288,10 +289,29 @@ def test_a_run_folder_brings_its_own_params_so_search_needs_nothing_re_passed(ru
 def test_coevo_search_over_the_test_queries_gives_the_final_evaluations_per_query_values(runs, tmp_path, method):
     """Serving runs evaluation's code: the rankings `coevo search --json` returns for every test query
     score, query by query, exactly what the method's final evaluation measured for the served phase."""
+    _assert_search_equals_the_final_evaluation(runs[method], tmp_path)
+
+
+def test_a_cohyde_run_that_encodes_the_query_with_its_description_serves_what_it_evaluated(tmp_path_factory,
+                                                                                          tmp_path):
+    """cohyde.encode=query_and_description reaches serving through the run: the record shows the
+    description, the ranking is of the query followed by it, and search equals the final evaluation."""
+    run = trained(tmp_path_factory, "cohyde", "cohyde.encode=query_and_description", project="serving-query")
+    retriever = from_run("cohyde", run.run_dir, run.params, run.data_dir)
+    assert retriever.settings["encode"] == "query_and_description"
+    records = retriever.search(QUERIES, k=3)
+    for query, record in zip(QUERIES, records):
+        searched = f"{query}\n{record['description']}".rstrip()
+        assert retriever.searched([query], [record["description"]]) == [searched]
+        assert [h["item_id"] for h in record["results"]] == [i for i, _ in retriever.rank([searched], 3)[0]]
+    _assert_search_equals_the_final_evaluation(run, tmp_path)
+
+
+def _assert_search_equals_the_final_evaluation(run: Trained, tmp_path: Path) -> None:
     from coevo.methods.base import method_class
     from coevo.retrieval.metrics import ranked_evaluation
 
-    run = runs[method]
+    method = run.method
     dataset = _dataset(run)
     final = method_class(method)(run.run_dir, run.params, run.data_dir).final_evaluation("test")
     served = [r for r in final["rows"] if r["phase"] == final["best_phase"]][-1]["per_query"]

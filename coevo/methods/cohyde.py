@@ -19,7 +19,9 @@ split (early stopping and round selection); the test split is read once, by
 :meth:`CoHyDE.final_evaluation`. Rewriter stages encode only the description. A round is
 evaluated with its own rewriter and encoder, or, for the paper's ablations
 (``eval_pairing``), its rewriter with the S1a encoder or the untrained rewriter with its
-encoder (:data:`PAIRINGS`).
+encoder (:data:`PAIRINGS`). ``encode`` says what the encoder embeds for a query: the
+description alone (the paper) or the query followed by it (HyDE's rule); S3, S4, every
+evaluation and serving (:meth:`CoHyDE.stages`, :func:`searched_text`) share it.
 
 Layout of ``run_dir``::
 
@@ -66,6 +68,17 @@ def rewriter_messages(query: str) -> list[dict[str, str]]:
         {"role": "system", "content": REWRITER_SYSTEM},
         {"role": "user", "content": f"Request: {' '.join(query.split())}\nTool description:"},
     ]
+
+
+def searched_text(query: str, description: str, encode: str) -> str:
+    """What the encoder embeds for one query under ``cohyde.encode``: the description (the
+    paper), or the query, a new line and the description (HyDE's rule: the query's own words
+    stay, so a weak rewriter can add vocabulary but not lose the user's)."""
+    if encode == "description":
+        return description
+    if encode == "query_and_description":
+        return f"{' '.join(query.split())}\n{description}".rstrip()
+    raise ValueError(f"unknown cohyde.encode {encode!r}: expected description or query_and_description")
 
 
 def query_group(group: Any) -> str:
@@ -124,7 +137,7 @@ class CoHyDE(Method):
             Phase(S1A, "S1a encoder", c(*S1A_KNOBS), ("s1a", "eval/s1a.json")),
             Phase("s1b", "S1b rewriter warm-up" if self.cfg.s1b_warmup else "S1b skipped (ablation)",
                   c(*REWRITER_KNOBS), ("base_generator", "s1b")),
-            Phase(HYDE, "vanilla HyDE", c("max_new_tokens"), ("eval/hyde.json",), reads=(S1A, "s1b"),
+            Phase(HYDE, "vanilla HyDE", c("max_new_tokens", "encode"), ("eval/hyde.json",), reads=(S1A, "s1b"),
                   monitored=True),
         ]
         # Every other knob (s3_init and eval_pairing included) is part of the rounds' keys.
@@ -203,7 +216,7 @@ class CoHyDE(Method):
     def _generator_dir(self, stage: str) -> Path:
         return self.run_dir / "base_generator" if stage in (HYDE, "base") else self._stage_dir(stage) / "generator"
 
-    def _encoder(self, stage: str):
+    def encoder(self, stage: str):
         """The encoder of a stage: ``raw`` is the named model, others load their checkpoint."""
         if stage not in self._encoders:
             from coevo.models.encoder import load_text_encoder
@@ -212,7 +225,7 @@ class CoHyDE(Method):
             self._encoders = {stage: load_text_encoder(name, device=self.device)}  # keep one in memory
         return self._encoders[stage]
 
-    def _index(self, stage: str):
+    def index(self, stage: str):
         """The corpus index of an encoder stage; built and saved (versioned) on first use."""
         from coevo.retrieval.dense import DenseIndex
 
@@ -229,7 +242,7 @@ class CoHyDE(Method):
             texts = [self._render(i, self.cfg.index_format) for i in ids]
             log.info("indexing %d tools with the %s encoder", len(ids), stage)
             # local: the encoder's own call; ray: Ray Data shards, the checkpoint loaded once per worker
-            emb = embed_texts(self._encoder(stage), texts, compute=self.params.compute,
+            emb = embed_texts(self.encoder(stage), texts, compute=self.params.compute,
                               checkpoint=self.cfg.encoder if stage == RAW else str(self._encoder_dir(stage)),
                               progress=len(texts) > 256)
             index = DenseIndex.build(ids, emb, encoder=encoder_id)
@@ -249,7 +262,7 @@ class CoHyDE(Method):
         generator.save(path)
         return generator
 
-    def _generator(self, stage: str):
+    def rewriter(self, stage: str):
         """The rewriter of a stage (one kept in memory; trained in place, then re-keyed)."""
         from coevo.models.generator import Generator
 
@@ -275,11 +288,11 @@ class CoHyDE(Method):
         self._set_threads()
         queries = self.train_queries()
         pairs = self._pairs([(q["text"], q["relevant"]) for q in queries], salt=1)
-        encoder = self._encoder(RAW)
+        encoder = self.encoder(RAW)
         stats = train_encoder(encoder, pairs, self.cfg.encoder_training, self._encoder_dir(S1A), self.seed,
                               what="S1a encoder", knob="cohyde.encoder_training")
         self._encoders = {}
-        index = self._index(S1A)
+        index = self.index(S1A)
         result = {"stage": S1A, "train_queries": len(queries), "encoder": stats,
                   "index": index.manifest()}
         write_json(marker, result)
@@ -296,7 +309,7 @@ class CoHyDE(Method):
         from coevo.train.sft import train_sft
 
         self._set_threads()
-        generator = self._generator("base")
+        generator = self.rewriter("base")
         if not self.cfg.s1b_warmup:
             generator.save(self._generator_dir("s1b"))
             result = {"stage": "s1b", "examples": 0, "skipped": "cohyde.s1b_warmup = false (ablation)"}
@@ -348,7 +361,7 @@ class CoHyDE(Method):
             return read_json(path)["descriptions"]
         self._set_threads()
         queries = self.train_queries()
-        descriptions = self.describe(self._generator(prev_gen), queries, what=f"{stage} S2")
+        descriptions = self.describe(self.rewriter(prev_gen), queries, what=f"{stage} S2")
         write_json(path, {"query_ids": [q["query_id"] for q in queries], "descriptions": descriptions})
         return descriptions
 
@@ -365,16 +378,17 @@ class CoHyDE(Method):
         self._set_threads()
         queries = self.train_queries()
         # Empty generations carry no text to train on; they still count in S4 and evaluation.
-        anchors = [(d, q["relevant"]) for d, q in zip(descriptions, queries) if d.strip()]
+        anchors = [(searched_text(q["text"], d, self.cfg.encode), q["relevant"])
+                   for d, q in zip(descriptions, queries) if d.strip()]
         pairs = self._pairs(anchors, salt=10 + r)
         if len(pairs) < 2:
             raise ValueError(f"{stage} S3: only {len(pairs)} (description, tool) pairs; the rewriter produced "
                              "empty descriptions for almost every query")
-        encoder = self._encoder(prev_enc)
+        encoder = self.encoder(prev_enc)
         stats = train_encoder(encoder, pairs, self.cfg.encoder_training, self._encoder_dir(stage), self.seed + r,
                               what=f"{stage} S3 encoder", knob="cohyde.encoder_training")
         self._encoders, self._indexes = {}, {}
-        result = {"encoder": stats, "index": self._index(stage).manifest(),
+        result = {"encoder": stats, "index": self.index(stage).manifest(),
                   "empty_descriptions": len(descriptions) - len(anchors)}
         write_json(path, result)
         return result
@@ -390,7 +404,7 @@ class CoHyDE(Method):
         from coevo.compute import generate_texts
 
         samples = generate_texts(
-            self._generator(prev_gen), [rewriter_messages(q["text"]) for q in queries], compute=self.params.compute,
+            self.rewriter(prev_gen), [rewriter_messages(q["text"]) for q in queries], compute=self.params.compute,
             scratch=self.run_dir / "scratch", num_return_sequences=self.cfg.num_samples,
             temperature=self.cfg.sample_temperature, top_p=1.0, max_new_tokens=self.cfg.max_new_tokens,
             seed=self.seed + r, description=f"{stage} S4 sampling")
@@ -409,9 +423,11 @@ class CoHyDE(Method):
         samples = self.s4_sample(r)
         self._set_threads()
         queries = self.train_queries()
-        scores = score_descriptions(self._encoder(stage), self._index(stage), samples,
+        searched = [[searched_text(q["text"], d, self.cfg.encode) for d in group]
+                    for q, group in zip(queries, samples)]
+        scores = score_descriptions(self.encoder(stage), self.index(stage), searched,
                                     [q["relevant"] for q in queries], k=5)
-        generator = self._generator(prev_gen)
+        generator = self.rewriter(prev_gen)
         prompts = [generator.render(rewriter_messages(q["text"])) for q in queries]
         pairs, mining = mine_dpo_pairs(prompts, samples, scores)
         write_json(self._stage_dir(stage) / "pairs.json", pairs)
@@ -428,7 +444,7 @@ class CoHyDE(Method):
         self.s4_score(r)
         pairs = read_json(self._stage_dir(stage) / "pairs.json")
         self._set_threads()
-        generator = self._generator(prev_gen)
+        generator = self.rewriter(prev_gen)
         self._loaded_generator = None  # trained in place below
         if pairs:
             from coevo.train.dpo import train_dpo
@@ -459,6 +475,19 @@ class CoHyDE(Method):
         return result
 
     # ------------------------------------------------------------ evaluation
+    def stages(self, stage: str) -> tuple[str, str | None]:
+        """(encoder stage, rewriter stage or None for the raw query) that ``stage`` is evaluated and
+        served with: a round by ``cohyde.eval_pairing`` (:data:`PAIRINGS`), vanilla HyDE by the
+        untrained rewriter under the S1a encoder."""
+        if stage in (RAW, S1A):
+            return stage, None
+        if stage == HYDE:
+            return S1A, HYDE
+        if stage.startswith("round_") and stage[6:].isdigit():
+            encoder_stage, rewriter_stage = (stage if s == "round" else s for s in PAIRINGS[self.cfg.eval_pairing])
+            return encoder_stage, rewriter_stage
+        raise ValueError(f"unknown CoHyDE stage {stage!r}: expected raw, s1a, hyde or round_<r>")
+
     def evaluate(self, stage: str, splits: Sequence[str] = (MONITOR_SPLIT,), store: bool = True,
                  cutoffs: Sequence[int] | None = None) -> dict[str, Any]:
         """NDCG@5 / Recall@5 per group and overall on ``splits`` for ``stage`` (stored for val).
@@ -468,24 +497,16 @@ class CoHyDE(Method):
         if store and path.exists():
             return read_json(path)
         self.require_val()
-        if stage == RAW:
-            encoder_stage, generator_stage = RAW, None
-        elif stage == S1A:
-            self.s1a()
-            encoder_stage, generator_stage = S1A, None
-        elif stage == HYDE:
-            self.s1a()
-            encoder_stage, generator_stage = S1A, HYDE
-        elif stage.startswith("round_") and stage[6:].isdigit():
+        encoder_stage, generator_stage = self.stages(stage)
+        if stage.startswith("round_"):
             self.round(int(stage[6:]))
-            encoder_stage, generator_stage = (stage if s == "round" else s for s in PAIRINGS[self.cfg.eval_pairing])
-        else:
-            raise ValueError(f"unknown CoHyDE stage {stage!r}: expected raw, s1a, hyde or round_<r>")
+        elif stage != RAW:
+            self.s1a()
         self._set_threads()
         from coevo.rewards.cohyde import encode_texts
 
-        generator = self._generator(generator_stage) if generator_stage else None
-        encoder, index = self._encoder(encoder_stage), self._index(encoder_stage)
+        generator = self.rewriter(generator_stage) if generator_stage else None
+        encoder, index = self.encoder(encoder_stage), self.index(encoder_stage)
         result: dict[str, Any] = {"stage": stage, "encoder": encoder_stage, "rewriter": generator_stage,
                                   "splits": {}, "examples": {}}
         for split in splits:
@@ -493,9 +514,10 @@ class CoHyDE(Method):
             if not queries:
                 raise ValueError(f"{self.dataset_dir}: no {split} query has a relevant tool; nothing to evaluate")
             if generator is not None:
-                texts = self.describe(generator, queries, what=f"{stage} eval {split}")
+                descriptions = self.describe(generator, queries, what=f"{stage} eval {split}")
                 result["examples"][split] = [{"query": q["text"], "description": d}
-                                             for q, d in zip(queries[:5], texts[:5])]
+                                             for q, d in zip(queries[:5], descriptions[:5])]
+                texts = [searched_text(q["text"], d, self.cfg.encode) for q, d in zip(queries, descriptions)]
             else:
                 texts = [q["text"] for q in queries]
             rankings = index.rank_corpus(encode_texts(encoder, texts), max((*METRIC_KS, *(cutoffs or ()))))

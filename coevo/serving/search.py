@@ -140,13 +140,18 @@ class Retriever(ABC):
     def rank(self, generated: Sequence[Any], k: int | None) -> list[list[tuple[str, float]]]:
         """Ranked (item_id, score) pairs per query, best first, at most ``k`` (None: all)."""
 
+    def searched(self, queries: Sequence[str], generated: Sequence[Any]) -> Sequence[Any]:
+        """What :meth:`rank` is given for each query: what the generator wrote (the default), or a
+        method's own combination of it with the query (CoHyDE's ``encode``)."""
+        return generated
+
     def search(self, queries: Sequence[str] | str, k: int | None = DEFAULT_K) -> list[dict[str, Any]]:
         """One record per query: ``{query, <generated>, results: [{item_id, title, score}]}``."""
         queries = check_queries(queries)
         k = check_k(k, allow_all=True)
         with self._lock:
             generated = self.generate(queries)
-            ranked = self.rank(generated, k)
+            ranked = self.rank(self.searched(queries, generated), k)
         return [
             {"query": q, self.generated: g,
              "results": [{"item_id": i, "title": self.titles.get(i, ""), "score": float(s)} for i, s in hits]}
@@ -171,7 +176,8 @@ class Retriever(ABC):
         if not any(q in qrels for q, _ in pairs):
             raise ValueError(f"{dataset.name}: no {split} query has a relevant item; nothing to evaluate")
         with self._lock:
-            generated = self.generate([t for _, t in pairs])
+            texts = [t for _, t in pairs]
+            generated = self.searched(texts, self.generate(texts))
             return self._evaluation([q for q, _ in pairs], generated, qrels, cut, ranked_evaluation)
 
     def _evaluation(self, query_ids, generated, qrels, cutoffs, ranked_evaluation):
@@ -503,6 +509,12 @@ class CoHyDERetriever(_DenseRetriever):
             description="describing")
         return [out[0] for out in outputs]
 
+    def searched(self, queries: Sequence[str], generated: Sequence[str]) -> list[str]:
+        from coevo.methods.cohyde import searched_text
+
+        encode = self.settings.get("encode", "description")  # models registered before the knob encode it alone
+        return [searched_text(q, d, encode) for q, d in zip(queries, generated)]
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         from coevo.rewards.cohyde import encode_texts
 
@@ -527,28 +539,17 @@ class CoHyDERetriever(_DenseRetriever):
 
         run = cohyde.CoHyDE(run_dir, params, dataset_dir)
         phase = run.best_phase()
-        encoder_stage, generator_stage = _cohyde_stages(run, phase)
-        generator = run._generator(generator_stage)
-        encoder = run._encoder(encoder_stage)
-        index = run._index(encoder_stage)
+        encoder_stage, generator_stage = run.stages(phase)
+        if generator_stage is None:
+            raise ValueError(f"CoHyDE phase {phase!r} has no rewriter to serve (expected hyde or round_<r>)")
+        generator = run.rewriter(generator_stage)
+        encoder = run.encoder(encoder_stage)
+        index = run.index(encoder_stage)
         cfg = params.cohyde
         settings = {"max_new_tokens": cfg.max_new_tokens, "encoder_stage": encoder_stage,
-                    "generator_stage": generator_stage}
+                    "generator_stage": generator_stage, "encode": cfg.encode}
         manifest = run_manifest("cohyde", run, phase, cfg.generator, settings)
         return cls(manifest, items_table(run.dataset), generator, index, encoder, params.model_dump(mode="json"))
-
-
-def _cohyde_stages(run: Method, phase: str) -> tuple[str, str]:
-    """(encoder stage, rewriter stage) the method evaluates ``phase`` with (CoHyDE.evaluate)."""
-    from coevo.methods import cohyde
-
-    if phase == cohyde.HYDE:
-        return cohyde.S1A, cohyde.HYDE
-    if not phase.startswith("round_"):
-        raise ValueError(f"CoHyDE phase {phase!r} has no rewriter to serve (expected hyde or round_<r>)")
-    pairing = getattr(cohyde, "PAIRINGS", {}).get(getattr(run.cfg, "eval_pairing", None), ("round", "round"))
-    encoder_stage, generator_stage = (phase if s == "round" else s for s in pairing)
-    return encoder_stage, generator_stage
 
 
 def retriever_class(method: str) -> type[Retriever]:
