@@ -52,32 +52,39 @@ def method_flow(method: str) -> Flow:
 
     @flow(name=method, description=spec.run_help)
     def pipeline_flow(params_path: str | list[str] = "params.yaml", overrides: list[str] | None = None,
-                      stage: str = ALL, train_deployment: str | None = None) -> dict[str, Any]:
+                      stage: str = ALL, train_deployment: str | None = None,
+                      live_run_id: str | None = None) -> dict[str, Any]:
         """The method end to end (or one DVC stage). `train_deployment` (e.g. "cogr/train-gpu") hands
-        the train stage to a deployment on another work pool (the GPU pool) and waits for it."""
+        the train stage to a deployment on another work pool (the GPU pool) and waits for it; that
+        deployment's flow gets `live_run_id`, the MLflow run of this one, and charts its trainer
+        steps there while they train."""
         train = None
         if train_deployment:
-            def train() -> None:
-                train_elsewhere(train_deployment, params_path, overrides)
-        return run_pipeline(method, params_path, overrides, stage, train=train)
+            def train(run_id: str | None) -> None:
+                train_elsewhere(train_deployment, params_path, overrides, live_run_id=run_id)
+        return run_pipeline(method, params_path, overrides, stage, train=train, live_run_id=live_run_id)
 
     return pipeline_flow
 
 
-def train_elsewhere(deployment: str, params_path: str | list[str], overrides: list[str] | None) -> None:
-    """Run the train stage as a flow run of `deployment` (e.g. on the GPU pool) and wait."""
+def train_elsewhere(deployment: str, params_path: str | list[str], overrides: list[str] | None,
+                    live_run_id: str | None = None) -> None:
+    """Run the train stage as a flow run of `deployment` (e.g. on the GPU pool) and wait; its trainer
+    steps go to the MLflow run ``live_run_id`` while they train."""
     from prefect.deployments import run_deployment
 
     run = run_deployment(deployment, parameters={"params_path": params_path, "overrides": overrides or [],
-                                                 "stage": "train"})
+                                                 "stage": "train", "live_run_id": live_run_id})
     if not run.state or not run.state.is_completed():
         raise RuntimeError(f"train stage on deployment {deployment!r} ended "
                            f"{run.state.name if run.state else 'without a state'}")
 
 
 def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
-                 train: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Run ``stage`` of ``method``'s pipeline; ``train`` replaces the train stage (e.g. a GPU deployment).
+                 train: Callable[[str | None], None] | None = None, live_run_id: str | None = None) -> dict[str, Any]:
+    """Run ``stage`` of ``method``'s pipeline; ``train`` replaces the train stage (e.g. a GPU deployment:
+    it is given the id of this flow's MLflow run); ``live_run_id`` is the run of the flow that handed
+    this one its train stage, where the trainer steps are charted while they train.
 
     The flow holds the lock of its method's run folder while it runs (coevo.lock; the CLI that
     started it may hold it already: the lock nests), so a flow started by `dvc repro` or a
@@ -85,11 +92,11 @@ def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Seque
     params = load_params(params_path, list(overrides or []), method=method)  # parsed once per flow run
     check_stage(stage)
     with run_lock(Layout.of(params, method).run_dir, f"{method} flow"):
-        return _run(method, params, params_path, overrides, stage, train)
+        return _run(method, params, params_path, overrides, stage, train, live_run_id)
 
 
 def _run(method: str, params: Params, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
-         train: Callable[[], None] | None) -> dict[str, Any]:
+         train: Callable[[str | None], None] | None, live_run_id: str | None = None) -> dict[str, Any]:
     if wants(stage, "evaluate"):
         check_reachable(params.tracking.uri)  # fail now, not after an hour of training
     pipe = Pipeline(method, params)
@@ -98,7 +105,12 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
                   + wants(stage, "evaluate") * pipe.evaluate_step_count(), f"{pipe.method_cls.title} on {lay.dataset}")
     if not wants(stage, "evaluate"):  # a DVC stage on its own: no MLflow run (the evaluate stage makes it)
         _data(pipe, stage)
-        _train(pipe, stage, train)
+        if live_run_id and wants(stage, "train"):  # a handed-over train stage charts into its opener's run
+            with Tracker(uri=params.tracking.uri, artifact_root=params.tracking.artifact_root, experiment=pipe.name,
+                         attach_to=live_run_id) as tracker, progress.listening(LiveSteps(tracker)):
+                _train(pipe, stage, train)
+        else:
+            _train(pipe, stage, train)
         return summary(pipe, [])
     # The MLflow run opens now and fills in while the flow runs: params and tags first, the prepared
     # data set as its input before training starts, each phase's val metrics (and its GRPO/DPO step
@@ -114,7 +126,7 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
         _data(pipe, stage)
         tracker.log_input(pipe.layout.processed, name=pipe.layout.dataset, digest=fingerprint(pipe.layout.processed))
         with progress.listening(LiveSteps(tracker)):  # each trainer step as it is logged
-            _train(pipe, stage, train, live)
+            _train(pipe, stage, train, live, tracker.run_id)
         # a whole run leaves its DVC record (its resolved params); a single stage is DVC's to record
         return evaluate(pipe, tracker, live, resolved=resolved if stage == ALL else None, stage=stage)
 
@@ -178,8 +190,9 @@ class LiveSeries:
 class LiveSteps(progress.StepListener):
     """Charts every logged training step while its phase trains: ``live/<trainer>/<value>`` at the
     trainer's own step (``live/01_query/reward``, ``live/00_sft_query_generator/loss``), so a chart
-    names its phase. Steps of a trainer in another process (a Ray or GPU worker) do not come here;
-    their curves arrive with the phase's record (``grpo/*``)."""
+    names its phase. A train stage handed to a deployment charts into this run from its own process
+    (``live_run_id``); steps of a trainer on a Ray worker do not come here: their curves arrive
+    with the phase's record (``grpo/*``)."""
 
     def __init__(self, tracker: Tracker) -> None:
         self.tracker = tracker
@@ -203,11 +216,12 @@ def _data(pipe: Pipeline, stage: str) -> None:
         pipe.require_validated()
 
 
-def _train(pipe: Pipeline, stage: str, train: Callable[[], None] | None, live: LiveSeries | None = None) -> None:
+def _train(pipe: Pipeline, stage: str, train: Callable[[str | None], None] | None, live: LiveSeries | None = None,
+           run_id: str | None = None) -> None:
     if wants(stage, "train"):
         pipe.record_params()
         if train is not None:
-            train()
+            train(run_id)
         else:
             for step in pipe.train_steps():
                 execute(step)

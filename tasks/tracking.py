@@ -118,7 +118,9 @@ class Tracker:
     """One MLflow run. Use as a context manager; failure inside marks the run FAILED."""
 
     def __init__(self, *, uri: str, artifact_root: str, experiment: str, run_name: str | None = None,
-                 system_metrics_s: float = 0.0) -> None:
+                 system_metrics_s: float = 0.0, attach_to: str | None = None) -> None:
+        """``attach_to``: the id of a run another process opened and will end (the flow that handed
+        this one its train stage); this tracker logs into it and leaves its status alone."""
         check_reachable(uri)
         import mlflow
         from mlflow.tracking import MlflowClient
@@ -146,12 +148,19 @@ class Tracker:
             if existing.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING:  # experiments made before the tag
                 self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         self.run_id: str | None = None
+        self.attach_to = attach_to
         self._mlflow = mlflow
         self.system_metrics_s = system_metrics_s
         self._system_monitor = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def __enter__(self) -> "Tracker":
+        if self.attach_to is not None:
+            run = self.client.get_run(self.attach_to)  # a wrong id fails here, before any training
+            if run.info.experiment_id != self.experiment_id:
+                raise ValueError(f"MLflow run {self.attach_to} belongs to another experiment than {self.experiment!r}")
+            self.run_id, self.run_name = run.info.run_id, run.info.run_name
+            return self
         name = self.run_name or run_name(self.experiment)
         run = self.client.create_run(self.experiment_id, run_name=name)
         self.run_id = run.info.run_id
@@ -165,7 +174,7 @@ class Tracker:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.run_id is None:
+        if self.run_id is None or self.attach_to is not None:  # an attached run is its opener's to end
             return
         if self._system_monitor is not None:
             self._system_monitor.finish()

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -151,15 +152,48 @@ def test_the_run_is_open_with_its_input_when_training_starts(project: Path, monk
     seen = {}
     real_train = flows.common._train
 
-    def train_watched(pipe, stage, train, live=None):
+    def train_watched(pipe, stage, train, live=None, run_id=None):
         run = MlflowClient(live.tracker.uri).get_run(live.tracker.run_id)
         seen.update(status=run.info.status, inputs=[i.dataset.name for i in run.inputs.dataset_inputs],
                     generator=run.data.params.get("cogr.generator"))
-        return real_train(pipe, stage, train, live)
+        return real_train(pipe, stage, train, live, run_id)
 
     monkeypatch.setattr(flows.common, "_train", train_watched)
     run()
     assert seen == {"status": "RUNNING", "inputs": ["toy"], "generator": "tiny"}
+
+
+def test_a_train_stage_handed_to_a_deployment_charts_its_steps_into_the_flows_run(project: Path, monkeypatch):
+    """`train_deployment`: the deployment's flow (run here in-process, where a GPU worker would run
+    it) gets the handing flow's MLflow run, charts every trainer step into it while it trains, opens
+    no run of its own and leaves the run's status to the flow that opened it."""
+    from mlflow.tracking import MlflowClient
+
+    import flows.common
+    from coevo.config import load_params
+    from tasks.tracking import absolute_uri
+
+    client = MlflowClient(absolute_uri(load_params("params.yaml").tracking.uri))
+    experiment = client.get_experiment_by_name("cogr").experiment_id
+    runs_before = len(client.search_runs([experiment]))
+    handed, window = {}, []
+
+    def deployment(name, params_path, overrides, live_run_id=None):
+        handed.update(name=name, run_id=live_run_id)
+        started = time.time() * 1000
+        flows.common.run_pipeline("cogr", params_path, overrides, "train", live_run_id=live_run_id)
+        window.extend([started, time.time() * 1000])
+        handed["status"] = client.get_run(live_run_id).info.status
+
+    monkeypatch.setattr(flows.common, "train_elsewhere", deployment)
+    summary = run(overrides=["cogr.grpo.learning_rate=1e-4"], train_deployment="cogr/train-gpu")
+    run_id = summary["mlflow"]["run_id"]
+    assert handed == {"name": "cogr/train-gpu", "run_id": run_id, "status": "RUNNING"}
+    assert client.get_run(run_id).info.status == "FINISHED"
+    assert len(client.search_runs([experiment])) == runs_before + 1  # the deployment opened none
+    for name in ("loss", "reward", "step_seconds"):  # 01_query retrained (new rate): streamed while it trained
+        points = client.get_metric_history(run_id, f"live/01_query/{name}")
+        assert points and window[0] <= min(p.timestamp for p in points) <= max(p.timestamp for p in points) <= window[1]
 
 
 def test_lost_phase_resumes_there_and_reuses_the_rest(project: Path):
