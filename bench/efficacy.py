@@ -186,8 +186,10 @@ def kind_of(name: str) -> str:
     return tail if head.isdigit() else head
 
 
-def train_within(pipe: Any, budget_s: float, started: float, term: "Terminal", headline: str) -> tuple[list[str], str]:
-    """Run the pending phases while the budget lasts; returns (phases run here, why training stopped)."""
+def train_within(pipe: Any, budget_s: float, started: float, term: "Terminal", headline: str,
+                 phase_done: Any = None) -> tuple[list[str], str]:
+    """Run the pending phases while the budget lasts, calling ``phase_done()`` after each; returns
+    (phases run here, why training stopped)."""
     last_seconds: dict[str, float] = {}
     ran = []
     evaluated = False  # the budget may stop training only once a phase with a val score (a model) exists
@@ -208,16 +210,16 @@ def train_within(pipe: Any, budget_s: float, started: float, term: "Terminal", h
         ran.append(name)
         evaluated = evaluated or bool(record.get("eval"))
         term.say(("(reused) " if was_done else "") + phase_line({"name": name, **record}, headline, seconds))
+        if phase_done is not None:
+            phase_done()
     return ran, "all planned phases ran (or early stopping ended training)"
 
 
 def log_curves(tracker: Any, method: Any, out: Path) -> Path | None:
-    """What the flows log (per-phase records, step = phase; GRPO per step, step = global step),
-    plus the curves as CSV and PNG."""
+    """The GRPO curves as CSV and PNG artifacts (the flows' per-phase and per-step series were
+    logged while training ran)."""
     from coevo.report import write_csv
 
-    for step_no, metrics in (*method.tracking_series(), *method.training_curve_series()):
-        tracker.log_metrics(metrics, step=step_no)
     rows = method.training_curve()
     if not rows:
         return None
@@ -288,7 +290,9 @@ def run(args: argparse.Namespace) -> int:
 def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
     from coevo import report
     from coevo.config import flatten
+    from coevo import progress
     from coevo.pipeline import Pipeline
+    from flows.common import LiveSeries, LiveSteps
     from tasks.tracking import Tracker
 
     os.chdir(out)  # the run's project folder: data/, .coevo/, mlflow.db
@@ -309,7 +313,13 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
                        "overlays": ",".join(p.name for p in overlays), "overrides": " ".join(args.overrides),
                        **{k: v for k, v in flatten(params.model_dump(mode="json")).items()
                           if k.split(".")[0] in (args.method, "seed", "data", "evaluation")}})
-        ran, why = train_within(pipe, args.budget_min * 60, started, term, headline)
+        # Live, as a flow's run: each trainer step while it trains (live/<phase>/...), each phase's
+        # val metrics (val/...) and GRPO curves as the phase ends.
+        live = LiveSeries(tr)
+        with progress.listening(LiveSteps(tr)):
+            ran, why = train_within(pipe, args.budget_min * 60, started, term, headline,
+                                    phase_done=lambda: live.log(pipe.method))
+        live.log(pipe.method)  # phases reused from an earlier run of this folder
         train_s = time.perf_counter() - started
         term.say(f"training stopped: {why}; {train_s / 60:.1f} min of the {args.budget_min:g} min budget")
         png = log_curves(tr, pipe.method, out)

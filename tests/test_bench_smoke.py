@@ -200,6 +200,15 @@ def test_efficacy(tmp_path):
     assert re.fullmatch(rf"cogr_gain_ci_low={FLOAT}", lines[-2]), lines[-2]
     assert (tmp_path / "out" / "curves.png").is_file()
     last_line(lines, rf"cogr_vs_baseline_ci_low={FLOAT}")
+    # Its MLflow run charted the phases as a flow's run does: trainer steps, then each phase's val metrics.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'out' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("efficacy-cogr").experiment_id])
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val/f1")) == [0, 1, 2]
+    sft_loss = client.get_metric_history(run.info.run_id, "live/00_sft_query_generator/loss")
+    query_reward = client.get_metric_history(run.info.run_id, "live/01_query/reward")
+    assert sft_loss and query_reward and max(p.timestamp for p in sft_loss) < min(p.timestamp for p in query_reward)
 
 
 # ------------------------------------------------------------------ MLflow UI screenshot
