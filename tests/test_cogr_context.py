@@ -119,8 +119,8 @@ def test_a_run_with_snippets_prompts_with_them_everywhere_and_resumes_byte_ident
     retriever = CoGRRetriever.from_run(tmp_path / "full", _params(), data)
     ids = sorted(full.dataset.queries_in("test")["query_id"])
     served = retriever.generate([full.query_text[q] for q in ids])
-    best = full._index_of(full.best_phase())
-    gen = full._load_generators(best)["query"]
+    best = full.phase_index(full.best_phase())
+    gen = full.generators(best)["query"]
     evaluated = full._generate_keywords(gen, original(full, ids), "check", seed=full.seed)
     assert served == [list(k) for k in evaluated]
     assert json.loads(json.dumps(retriever.manifest["settings"]["context"]))["query_context"] == "search_results"

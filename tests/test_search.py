@@ -171,7 +171,7 @@ def test_evaluate_reproduces_the_methods_own_test_evaluation(runs, retrievers):
         instance = method_class(method)(run.run_dir, run.params, run.data_dir)
         phase = retriever.manifest["phase"]
         if method == "cogr":
-            theirs = instance.evaluate(instance._index_of(phase), "test")
+            theirs = instance.evaluate(instance.phase_index(phase), "test")
             names = ("f1", "precision", "recall", "ndcg@10", "recall@100")
         elif method == "grape":
             theirs = instance.evaluate("trained", splits=["test"], store=False)["splits"]["test"]

@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -42,6 +42,9 @@ from coevo.methods.base import MONITOR_SPLIT, Method, Phase
 from coevo.io import atomic_path, read_json, write_json, write_parquet, write_text
 from coevo.methods.cogr_context import SearchResults, item_description, item_prompt, query_prompt
 from coevo.models.prompts import keyword_completion
+
+if TYPE_CHECKING:  # types only: the generator module pulls in torch and transformers
+    from coevo.models.generator import Generator
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +264,8 @@ class CoGR(Method):
         spec = self.schedule()[index]
         return self.phases_dir / spec.name
 
-    def _index_of(self, name: str) -> int:
+    def phase_index(self, name: str) -> int:
+        """``"01_query"`` -> 1: the position of a phase in :meth:`schedule`."""
         return int(name.split("_", 1)[0])
 
     def _say(self, message: str) -> None:
@@ -283,8 +287,9 @@ class CoGR(Method):
     def _sides(self) -> tuple[str, ...]:
         return (SHARED,) if self.cfg.shared_generator else (QUERY, ITEM)
 
-    def _load_generators(self, index: int) -> dict[str, Any]:
-        """{QUERY: gen, ITEM: gen} from a finished phase (the same object twice when shared)."""
+    def generators(self, index: int) -> dict[str, "Generator"]:
+        """{QUERY: gen, ITEM: gen} from a finished phase (the same object twice when shared): what
+        its evaluation and serving generate with."""
         from coevo.models.generator import Generator
 
         folder = self.phase_dir(index) / "generators"
@@ -504,7 +509,7 @@ class CoGR(Method):
         started = time.perf_counter()
         keywords = self.keywords(index - 1)
         with seeded(seed):
-            gens = self._load_generators(index - 1)
+            gens = self.generators(index - 1)
         rng = np.random.default_rng(seed)
         cap = self.cfg.grpo.max_prompts_per_phase
         budget = self.cfg.grpo.max_completion_length
@@ -687,7 +692,7 @@ class CoGR(Method):
             queries = kw["queries_eval"]
         else:
             ids = sorted(self.dataset.queries_in(split)["query_id"])
-            gen = self._load_generators(index)[QUERY]
+            gen = self.generators(index)[QUERY]
             sets = self._generate_keywords(gen, self._query_prompts(ids), f"indexing {split} queries", seed=self.seed)
             queries = {q: list(k) for q, k in zip(ids, sets)}
         query_ids = [q for q in queries if q in qrels]
@@ -709,7 +714,7 @@ class CoGR(Method):
             label = {"sft": "SFT start", "base": "untrained start"}.get(self.schedule()[0].kind) if name == start \
                 else f"best phase {name}"
             rows.append({"label": label, "phase": name, "split": split,
-                         **self.evaluate(self._index_of(name), split, cutoffs=self.params.evaluation.cutoffs,
+                         **self.evaluate(self.phase_index(name), split, cutoffs=self.params.evaluation.cutoffs,
                                          per_query=True)})
         if best == start:
             rows.append({**rows[0], "label": f"best phase {best}"})
@@ -720,7 +725,7 @@ class CoGR(Method):
         from coevo.retrieval.lucene import export_keyword_index
 
         out = index_dir / "lucene"
-        export_keyword_index(self.keywords(self._index_of(final["best_phase"]))["items"], str(out))
+        export_keyword_index(self.keywords(self.phase_index(final["best_phase"]))["items"], str(out))
         return {"lucene_dir": str(out)}
 
     def write_reports(self, metrics_file: Path, plots_csv: Path, report_dir: Path, final: Mapping[str, Any],

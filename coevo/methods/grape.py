@@ -42,7 +42,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from coevo.config import GrapeParams, Params
 from coevo.io import read_json, write_json
 from coevo.methods.base import MONITOR_SPLIT, Method, Phase
 from coevo.retrieval.dense import FrozenRetriever
+
+if TYPE_CHECKING:  # types only: the generator module pulls in torch and transformers
+    from coevo.models.generator import Generator
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +256,7 @@ class Grape(Method):
         return rewrite_messages(query, self.cfg.retriever, self.cfg.reasoning, self.cfg.max_reasoning_tokens,
                                 self.cfg.query_mode)
 
-    def rewrite(self, generator: Any, texts: Sequence[str]) -> tuple[list[str], list[str | None]]:
+    def rewrite(self, generator: Generator, texts: Sequence[str]) -> tuple[list[str], list[str | None]]:
         """Greedy rewrites: (raw completions, parsed rewrites or None when malformed)."""
         from coevo.compute import generate_texts
 
@@ -313,7 +316,7 @@ class Grape(Method):
             "n_queries": len(queries),
         }
 
-    def evaluate(self, stage: str, *, splits: Sequence[str] = (MONITOR_SPLIT,), generator: Any = None,
+    def evaluate(self, stage: str, *, splits: Sequence[str] = (MONITOR_SPLIT,), generator: Generator | None = None,
                  step: int | None = None, store: bool = True, cutoffs: Sequence[int] = EVAL_KS,
                  per_query: bool = False) -> dict[str, Any]:
         """Evaluate ``raw``, ``untrained``, ``trained`` (or a mid-training ``step_<n>`` with

@@ -357,8 +357,8 @@ class CoGRRetriever(Retriever):
 
         run = CoGR(run_dir, params, dataset_dir)
         phase = run.best_phase()
-        index = run._index_of(phase)
-        generator = run._load_generators(index)[QUERY]
+        index = run.phase_index(phase)
+        generator = run.generators(index)[QUERY]
         cfg = params.cogr
         settings = {"k_max": cfg.k_max, "max_new_tokens": cfg.sampling.max_new_tokens,
                     "context": {"query_context": cfg.query_context, "item_context": cfg.item_context,
