@@ -68,7 +68,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "cohyde": {"loader": "stabletoolbench", "headline": "ndcg@5", "queries": None, "val": 0.15, "test": 0.4,
                "vague": "test_copy", "target_split": "vague"},
 }
-LOADERS = ("metatool", "stabletoolbench", "wands", "beir", "image_captions")
+LOADERS = ("metatool", "stabletoolbench", "wands", "beir", "image_captions", "prepared")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -79,7 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--method", required=True, choices=sorted(METHODS))
     parser.add_argument("--data", required=True, type=Path,
                         help="the source folder --loader reads (default: MetaTool for cogr/grape, StableToolBench "
-                             "for cohyde); your own data: any loader's source, e.g. --loader beir")
+                             "for cohyde); your own data: any loader's source, e.g. --loader beir, or a folder "
+                             "`coevo data prepare` wrote, with --loader prepared (its splits kept)")
     parser.add_argument("--loader", choices=LOADERS, default=None,
                         help="the loader of --data (default per method: metatool for cogr/grape, stabletoolbench "
                              "for cohyde); a MetaTool source is subset by --queries, any other is used whole")

@@ -104,8 +104,9 @@ class DataParams(Section):
         min_length=1, description="Name of the prepared data set (letters, digits, '._-'); its tables go to "
         "<data.root>/processed/<dataset>/."
     )
-    loader: Literal["metatool", "stabletoolbench", "wands", "beir", "image_captions"] = Field(
-        description="Reader that turns `source` into the items / queries / qrels tables."
+    loader: Literal["metatool", "stabletoolbench", "wands", "beir", "image_captions", "prepared"] = Field(
+        description="Reader that turns `source` into the items / queries / qrels tables (prepared: a folder "
+        "`coevo data prepare` wrote, its tables and splits kept)."
     )
     source: str = Field(
         min_length=1, description="Raw data set the loader reads: a local folder (the committed sample by default)."

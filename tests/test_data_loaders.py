@@ -35,7 +35,24 @@ def make_image_captions(root: Path, n_images: int = 6) -> Path:
 
 # ------------------------------------------------------------------------------------ happy paths
 def test_all_loaders_registered():
-    assert set(LOADERS) == {"metatool", "stabletoolbench", "wands", "beir", "image_captions"}
+    assert set(LOADERS) == {"metatool", "stabletoolbench", "wands", "beir", "image_captions", "prepared"}
+
+
+def test_a_prepared_folder_loads_with_its_tables_and_splits_and_without_its_vague_copies(tmp_path):
+    from coevo.data.vague import with_vague
+
+    prepared = load_source("metatool", SAMPLE_DIR / "metatool", seed=3, name="mine")
+    vague = with_vague(prepared, "test_copy")
+    assert (vague.queries["split"] == "vague").any()
+    vague.save(tmp_path / "mine")
+    again = load_source("prepared", tmp_path / "mine", seed=99, val_fraction=0.5, name="again")
+    for table in ("items", "queries", "qrels"):  # the folder's own splits, not a new seed's
+        pd.testing.assert_frame_equal(getattr(again, table).reset_index(drop=True),
+                                      getattr(prepared, table).reset_index(drop=True), check_dtype=False)
+    assert again.meta["split"] == "from source" and again.meta["prepared_from"] == "mine"
+    with pytest.raises(FileNotFoundError, match=r"queries\.parquet: file does not exist"):
+        (tmp_path / "mine" / "queries.parquet").unlink()
+        load_source("prepared", tmp_path / "mine")
 
 
 def test_metatool_sample():

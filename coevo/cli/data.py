@@ -13,7 +13,7 @@ from coevo.cli.common import console, err_console, user_errors
 
 app = typer.Typer(help="Prepare, validate and summarise data sets (items / queries / qrels).", no_args_is_help=True)
 
-LOADER_NAMES = "metatool, stabletoolbench, wands, beir, image_captions"
+LOADER_NAMES = "metatool, stabletoolbench, wands, beir, image_captions, prepared"
 
 
 def _parse_options(pairs: list[str]) -> dict[str, object]:

@@ -19,6 +19,8 @@ Per-source choices (also in the README of each loader function below):
   A document without a title gets its ``_id`` as title (the contract needs a non-empty
   title; the start of the text would make BM25 count those words twice).
 - image_captions: items are images, queries are captions; the split comes from the file.
+- prepared: a folder ``coevo data prepare`` wrote (a team's own data, converted once by any
+  means): its tables and its train/val/test splits as they are.
 
 Common to every loader (``load_source`` options, the ``data`` params):
 
@@ -702,3 +704,20 @@ def load_image_captions(source: Path, *, lang: str | None = None) -> Loaded:
     qrels = _qrels([(q, image, 1) for q, image in zip(query_ids, table["image"])])
     meta = {"lang": lang, "images_dir": str(images_dir.resolve()), "images_without_split_to_train": len(unsplit_images)}
     return Loaded(items, queries, qrels, grades=(1,), meta=meta, duplicates=dups)
+
+
+# ------------------------------------------------------------------------------ prepared
+@register_loader("prepared")
+def load_prepared(source: Path) -> Loaded:
+    """A prepared data set folder (items, queries and qrels parquet, dataset.json), as
+    ``coevo data prepare`` writes it: its tables and train/val/test splits are kept as they are
+    (split "from source"), so a team's own data, converted once, trains and is measured like a
+    public set. Vague copies a prepare step added (split ``vague``) are left out: ``data.vague``
+    derives them again by its fixed rule."""
+    from coevo.data.schema import Dataset
+
+    dataset = Dataset.load(require_dir(source))
+    queries = dataset.queries[dataset.queries["split"].isin(("train", "val", "test"))].reset_index(drop=True)
+    qrels = dataset.qrels[dataset.qrels["query_id"].isin(set(queries["query_id"]))].reset_index(drop=True)
+    return Loaded(items=dataset.items, queries=queries, qrels=qrels, grades=dataset.grades,
+                  meta={"prepared_from": dataset.name})
