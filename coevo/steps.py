@@ -2,7 +2,8 @@
 
 A step (a data step, a method phase, an evaluation step) has a *key*: the md5 of its name,
 the params subtree it depends on, the fingerprints of what it reads (the data set, the keys
-of the phases it reads) and the source of the library code it runs. When a step finishes,
+of the phases it reads) and the library code it runs (its syntax, so an edit of a comment, a
+docstring or the layout re-runs nothing: :func:`code_hash`). When a step finishes,
 its result is stored with its key in a *stamp* file, with each output's DVC md5 and the size
 of every file in it; the step is done while the stamp's key equals the key computed now and its
 outputs are still what was written (sizes on every check, md5s once per process and whenever
@@ -17,6 +18,7 @@ is generated from the same declarations (``coevo.dvc``), so DVC agrees.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import importlib.util
@@ -72,15 +74,42 @@ def module_path(module: str) -> str:
 
 @functools.lru_cache(maxsize=64)
 def code_hash(modules: tuple[str, ...]) -> str:
-    """md5 over the source of the named modules/packages (sorted, path-qualified)."""
+    """md5 over the code of the named modules/packages (sorted, path-qualified): each file's
+    syntax tree without its docstrings (:func:`code_of`), so only an edit of what runs changes it."""
     digest = hashlib.md5()
     for name in sorted(set(modules)):
         files = module_files(name)
         base = Path(importlib.util.find_spec(name).origin).parent
         for file in files:
             digest.update(f"{name}:{file.relative_to(base)}".encode())
-            digest.update(file.read_bytes())
+            stat = file.stat()
+            digest.update(_code_digest(str(file), stat.st_mtime_ns, stat.st_size))
     return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _code_digest(path: str, mtime_ns: int, size: int) -> bytes:
+    """md5 of one file's :func:`code_of`, parsed once per process while the file is unchanged
+    (the module lists of the steps share most files)."""
+    return hashlib.md5(code_of(Path(path).read_bytes())).digest()
+
+
+def code_of(source: bytes) -> bytes:
+    """What a source file contributes to a code key: its syntax tree (``ast.dump``: comments and
+    layout are not in it) with every module, class and function docstring removed. A file that
+    does not parse counts by its bytes. The tree's form is Python's own, so keys are per Python
+    minor version (the project pins 3.11)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return source
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree).encode()
 
 
 def select(tree: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:

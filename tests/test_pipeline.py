@@ -60,6 +60,40 @@ def test_each_change_reruns_exactly_the_phases_that_depend_on_it(toy, change, re
     assert changed(keys("cogr", params_file, data), keys("cogr", params_file, data, **change)) == rerun
 
 
+def test_an_edit_of_the_code_a_phase_runs_reruns_it_and_a_comment_docstring_or_layout_edit_does_not(
+        toy, tmp_path, monkeypatch):
+    """Edits a library source file for real (a copy of coevo/rewards, added to CoGR's code key)."""
+    import shutil
+
+    from coevo.methods.base import method_class
+    from coevo.steps import code_hash
+
+    params_file, data = toy
+    shutil.copytree(REPO_ROOT / "coevo" / "rewards", tmp_path / "lib" / "edited_rewards")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    source = tmp_path / "lib" / "edited_rewards" / "cogr.py"
+    original = source.read_text()
+
+    def keys_after(edit=None) -> dict[str, str]:
+        text = original if edit is None else edit(original)
+        assert edit is None or text != original, "the edit did not apply"
+        source.write_text(text)
+        code_hash.cache_clear()
+        run = method_class("cogr")("unused", load_params([params_file]), data, data_fingerprint="data-v1")
+        run.code = (*run.code, "edited_rewards")
+        return {p.name: run.key(p.name) for p in run.phases()}
+
+    base = keys_after()
+    assert keys_after(lambda text: text.replace("INVALID_REWARD = -1.0", "INVALID_REWARD = -1.0  # the budget rule")) == base
+    assert keys_after(lambda text: text.replace("CoGR rewards: query-side F1", "CoGR's rewards: the query-side F1")) == base
+    assert keys_after(lambda text: text.replace('        """F1 of one keyword set (no budget rule)."""\n', "")) == base
+    assert keys_after(lambda text: text.replace("\n\n\n", "\n\n\n\n")) == base
+    edited = keys_after(lambda text: text.replace("INVALID_REWARD = -1.0", "INVALID_REWARD = -2.0"))
+    assert changed(base, edited) == ["seed", "00_sft", "01_query", "02_item"]
+    source.write_text(original)
+    code_hash.cache_clear()
+
+
 def test_adding_a_round_keeps_every_finished_phase(toy):
     params_file, data = toy
     one, two = keys("cogr", params_file, data), keys("cogr", params_file, data, ["cogr.rounds=2"])

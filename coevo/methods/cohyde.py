@@ -16,7 +16,7 @@ inside a round every step is checkpointed, so an interrupted round resumes at it
                   best vs worst (ties dropped)
 Every evaluation reports NDCG@5 and Recall@5 per group (G1, G2, G3) and overall on the val
 split (early stopping and round selection); the test split is read once, by
-:meth:`CoHyDE.final_evaluation`. Rewriter stages encode only the description. A round is
+:meth:`CoHyDE.final_evaluation`. Rewriter stages encode what ``encode`` says (below). A round is
 evaluated with its own rewriter and encoder, or, for the paper's ablations
 (``eval_pairing``), its rewriter with the S1a encoder or the untrained rewriter with its
 encoder (:data:`PAIRINGS`). ``encode`` says what the encoder embeds for a query: the

@@ -54,7 +54,8 @@ def score_descriptions(
     """NDCG@k of every sampled description: an array (queries x samples).
 
     ``samples[q]`` are the descriptions sampled for query q, ``relevant[q]`` its
-    ``{item_id: grade}`` map. Only the description is encoded (as at inference).
+    ``{item_id: grade}`` map. Each text is encoded as given: the caller passes what inference
+    encodes (``coevo.methods.cohyde.searched_text``: the description, or the query followed by it).
     """
     if len(samples) != len(relevant):
         raise ValueError(f"{len(samples)} sample groups for {len(relevant)} queries (one each expected)")
