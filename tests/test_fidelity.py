@@ -112,8 +112,14 @@ def test_load_clip_refuses_random_weights_outside_the_tiny_model():
 
     with pytest.raises(ValueError, match="grape.clip_pretrained"):
         load_clip("ViT-B-32")
-    model, _, _ = load_clip(TINY_CLIP)
-    assert model is not None
+    import torch
+
+    model, _, tokenizer = load_clip(TINY_CLIP)
+    again, _, _ = load_clip(TINY_CLIP)  # seeded random weights: two loads agree
+    with torch.no_grad():
+        text = model.encode_text(tokenizer(["a dog runs", "a red car"]))
+        assert tuple(text.shape) == (2, 32) and not model.training
+        assert torch.equal(text, again.encode_text(tokenizer(["a dog runs", "a red car"])))
 
 
 # ---------------------------------------------------------------------------- CoHyDE S1b
