@@ -44,6 +44,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -188,7 +189,7 @@ def kind_of(name: str) -> str:
 
 
 def train_within(pipe: Any, budget_s: float, started: float, term: "Terminal", headline: str,
-                 phase_done: Any = None) -> tuple[list[str], str]:
+                 phase_done: Callable[[], None] | None = None) -> tuple[list[str], str]:
     """Run the pending phases while the budget lasts, calling ``phase_done()`` after each; returns
     (phases run here, why training stopped)."""
     last_seconds: dict[str, float] = {}
@@ -289,9 +290,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
-    from coevo import report
+    from coevo import progress, report
     from coevo.config import flatten
-    from coevo import progress
     from coevo.pipeline import Pipeline
     from flows.common import LiveSeries, LiveSteps
     from tasks.tracking import Tracker
