@@ -202,8 +202,15 @@ class LiveSteps(progress.StepListener):
 
 
 def phase_metric_names(metrics: dict[str, float]) -> dict[str, float]:
-    """``eval/f1`` -> ``val/f1``; other names as they are."""
-    return {f"{MONITOR_SPLIT}/{k[len('eval/'):]}" if k.startswith("eval/") else k: v for k, v in metrics.items()}
+    """``eval/f1`` -> ``val/f1``, ``eval/val/G1/ndcg_at_5`` -> ``val/G1/ndcg_at_5`` (the split named
+    once); other names as they are."""
+    def name(key: str) -> str:
+        if not key.startswith("eval/"):
+            return key
+        rest = key[len("eval/"):]
+        return f"{MONITOR_SPLIT}/{rest.removeprefix(MONITOR_SPLIT + '/')}"
+
+    return {name(k): v for k, v in metrics.items()}
 
 
 def _data(pipe: Pipeline, stage: str) -> None:

@@ -158,3 +158,11 @@ def test_coevo_ui_links_open_the_classic_model_training_pages(tmp_path):
         "cogr runs": f"http://127.0.0.1:5000/#/experiments/{cogr}?workflowType=machine_learning",
         "model registry": "http://127.0.0.1:5000/#/models",
     }
+
+
+def test_a_phase_metric_names_its_split_once():
+    from flows.common import phase_metric_names
+
+    assert phase_metric_names({"eval/f1": 0.5, "eval/val/G1/ndcg_at_5": 0.25, "eval/val/overall/ndcg_at_5": 0.75,
+                               "train/reward_mean": 0.1}) == {
+        "val/f1": 0.5, "val/G1/ndcg_at_5": 0.25, "val/overall/ndcg_at_5": 0.75, "train/reward_mean": 0.1}
