@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from pathlib import Path
@@ -95,6 +96,36 @@ def test_a_run_samples_system_metrics_while_it_is_open(tmp_path: Path, monkeypat
     with Tracker(uri="sqlite:///mlflow.db", artifact_root="mlruns", experiment="cogr") as quiet:  # 0: off
         time.sleep(0.3)
     assert not [k for k in client.get_run(quiet.run_id).data.metrics if k.startswith("system/")]
+
+
+CTRL_C_INSIDE_LOGGING = """
+import logging, sys, time
+from tasks.tracking import Tracker
+with Tracker(uri="sqlite:///mlflow.db", artifact_root="mlruns", experiment="cogr", system_metrics_s=0.2) as tracker:
+    print(tracker.run_id, flush=True)
+    time.sleep(1.0)
+    logging._lock.acquire()  # what a Ctrl-C landing inside logging's lock-taking leaves held
+    logging.root.manager._clear_cache()  # so the sampler thread's next level check needs that lock
+    time.sleep(1.0)
+    raise KeyboardInterrupt
+"""
+
+
+def test_ctrl_c_inside_a_logging_call_still_ends_the_run_killed(tmp_path: Path):
+    """Seen once under load: Ctrl-C during SFT left `coevo run` hung for good, its main thread joining
+    MLflow's system-metrics sampler, which waited on the logging lock the interrupt had left held."""
+    import subprocess
+    import sys
+
+    from mlflow.tracking import MlflowClient
+
+    from conftest import REPO_ROOT
+
+    done = subprocess.run([sys.executable, "-c", CTRL_C_INSIDE_LOGGING], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode != 0 and "KeyboardInterrupt" in done.stderr, done.stderr[-2000:]
+    run_id = done.stdout.split()[0]
+    assert MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}").get_run(run_id).info.status == "KILLED"
 
 
 def test_failed_block_marks_the_run_failed(tmp_path: Path, monkeypatch):
