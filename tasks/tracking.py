@@ -21,7 +21,6 @@ threads, library versions) as ``numerics.<key>`` tags (:func:`numerics_tags`).
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import socket
@@ -49,6 +48,7 @@ PRECISION_PARAM = "runtime.precision"
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 from coevo.checks import TrackingError, check_reachable  # noqa: E402,F401 - re-exported for the flows
+from coevo.interrupts import release_interrupted_logging_lock  # noqa: E402
 
 
 def init_tracking_store(uri: str) -> None:
@@ -115,20 +115,6 @@ def absolute_uri(uri: str) -> str:
     return uri
 
 
-def release_interrupted_logging_lock() -> None:
-    """Free the ``logging`` module lock if a Ctrl-C left this thread holding it.
-
-    Python 3.11's logging takes that lock one step before the ``try`` that releases it, so a
-    KeyboardInterrupt landing in between leaves it held by the interrupted thread. Every other
-    thread that then logs (MLflow's system-metrics sampler, Prefect's event worker) waits on it
-    forever, and joining them hangs the exit (seen: a `coevo run` still alive 40 minutes after
-    Ctrl-C). Called on the way out of an interrupted run, where this thread is in no logging call.
-    """
-    lock = getattr(logging, "_lock", None)
-    while lock is not None and lock._is_owned():
-        lock.release()
-
-
 class Tracker:
     """One MLflow run. Use as a context manager; failure inside marks the run FAILED."""
 
@@ -190,7 +176,7 @@ class Tracker:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is KeyboardInterrupt:
-            release_interrupted_logging_lock()  # before joining the sampler thread, which logs
+            release_interrupted_logging_lock()  # before joining the sampler thread, which logs (coevo.interrupts)
         if self.run_id is None or self.attach_to is not None:  # an attached run is its opener's to end
             return
         if self._system_monitor is not None:

@@ -197,3 +197,20 @@ def test_a_phase_metric_names_its_split_once():
     assert phase_metric_names({"eval/f1": 0.5, "eval/val/G1/ndcg_at_5": 0.25, "eval/val/overall/ndcg_at_5": 0.75,
                                "train/reward_mean": 0.1}) == {
         "val/f1": 0.5, "val/G1/ndcg_at_5": 0.25, "val/overall/ndcg_at_5": 0.75, "train/reward_mean": 0.1}
+
+
+def test_the_cli_does_not_raise_ctrl_c_inside_a_logging_call_and_raises_it_after():
+    import logging
+    import signal
+
+    from coevo.cli.common import _Interrupts
+
+    interrupts = _Interrupts()
+    interrupts.REPEAT_S = 600.0  # its repeater must not fire during the test
+    try:
+        with logging._lock:  # this thread inside a logging call
+            interrupts.on_signal(signal.SIGINT, None)  # deferred: the repeater raises it again later
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.on_signal(signal.SIGINT, None)
+    finally:
+        interrupts.handled = True

@@ -33,6 +33,8 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from coevo.interrupts import logging_lock_held
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -67,6 +69,8 @@ class _Interrupts:
         if self.signum is None:
             self.signum = signum
             self._start_repeater()
+        if logging_lock_held():  # raising inside logging's lock-taking would leave the lock held
+            return  # (coevo.interrupts); the repeater raises again in REPEAT_S
         raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
     def _start_repeater(self) -> None:
