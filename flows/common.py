@@ -126,7 +126,7 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
         _data(pipe, stage)
         tracker.log_input(pipe.layout.processed, name=pipe.layout.dataset, digest=fingerprint(pipe.layout.processed))
         with progress.listening(LiveSteps(tracker)):  # each trainer step as it is logged
-            _train(pipe, stage, train, live, tracker.run_id)
+            _train(pipe, stage, train, live)
         # a whole run leaves its DVC record (its resolved params); a single stage is DVC's to record
         return evaluate(pipe, tracker, live, resolved=resolved if stage == ALL else None, stage=stage)
 
@@ -223,12 +223,12 @@ def _data(pipe: Pipeline, stage: str) -> None:
         pipe.require_validated()
 
 
-def _train(pipe: Pipeline, stage: str, train: Callable[[str | None], None] | None, live: LiveSeries | None = None,
-           run_id: str | None = None) -> None:
+def _train(pipe: Pipeline, stage: str, train: Callable[[str | None], None] | None,
+           live: LiveSeries | None = None) -> None:
     if wants(stage, "train"):
         pipe.record_params()
         if train is not None:
-            train(run_id)
+            train(live.tracker.run_id if live is not None else None)  # where a deployment charts its steps
         else:
             for step in pipe.train_steps():
                 execute(step)

@@ -152,11 +152,11 @@ def test_the_run_is_open_with_its_input_when_training_starts(project: Path, monk
     seen = {}
     real_train = flows.common._train
 
-    def train_watched(pipe, stage, train, live=None, run_id=None):
+    def train_watched(pipe, stage, train, live=None):
         run = MlflowClient(live.tracker.uri).get_run(live.tracker.run_id)
         seen.update(status=run.info.status, inputs=[i.dataset.name for i in run.inputs.dataset_inputs],
                     generator=run.data.params.get("cogr.generator"))
-        return real_train(pipe, stage, train, live, run_id)
+        return real_train(pipe, stage, train, live)
 
     monkeypatch.setattr(flows.common, "_train", train_watched)
     run()
