@@ -41,6 +41,7 @@ SMOKED = {
     "demo_quote.py": "test_demo_quote",
     "gpu_check.sh": "test_gpu_check_dry_run",
     "efficacy.py": "test_efficacy",
+    "variants.py": "test_efficacy",
 }
 
 
@@ -209,6 +210,50 @@ def test_efficacy(tmp_path):
     sft_loss = client.get_metric_history(run.info.run_id, "live/00_sft_query_generator/loss")
     query_reward = client.get_metric_history(run.info.run_id, "live/01_query/reward")
     assert sft_loss and query_reward and max(p.timestamp for p in sft_loss) < min(p.timestamp for p in query_reward)
+    check_variants(tmp_path / "out", tmp_path)
+
+
+def check_variants(run: Path, tmp_path: Path) -> None:
+    """bench/variants.py on a real efficacy folder: the run against itself differs by exactly 0; a copy
+    whose chosen phase scores F1 1.0 on every test query differs by the mean of 1 - F1, query by query;
+    a copy that lost a test query is refused, naming it."""
+    import json
+
+    lines = run_bench(script("variants.py", f"default={run}", f"same={run}", "--out", str(tmp_path / "v")), timeout=120)
+    assert re.fullmatch(rf"val chooses: default \(val f1 {FLOAT} with \S+\)", lines[-1]), lines[-1]
+    written = json.loads((tmp_path / "v" / "variants.json").read_text())
+    same = written["rows"][1]
+    assert [r["variant"] for r in written["rows"]] == ["default", "same"] and written["metric"] == "f1"
+    assert (same["test_minus_reference"], same["test_minus_reference_p"]) == (0.0, 1.0)
+    assert same["vague_minus_reference"] == 0.0 and same["n_test"] > 0 and same["n_vague"] > 0
+    assert (tmp_path / "v" / "variants.png").stat().st_size > 0
+
+    spec = importlib.util.spec_from_file_location("variants_bench", BENCH / "variants.py")
+    variants = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(variants)
+    perfect = tmp_path / "perfect"
+    shutil.copytree(run / ".coevo", perfect / ".coevo")
+    (stamp,) = perfect.glob(".coevo/steps/cogr/*/cogr-final.json")
+    record = json.loads(stamp.read_text())
+    best = next(r for r in record["result"]["rows"] if r["phase"] == record["result"]["best_phase"])
+    scores = best["per_query"]["f1"]
+    expected = sum(1.0 - v for v in scores.values()) / len(scores)
+    best["per_query"]["f1"] = dict.fromkeys(scores, 1.0)
+    stamp.write_text(json.dumps(record))
+    assert variants.main([f"default={run}", f"perfect={perfect}", "--out", str(tmp_path / "p")]) == 0
+    row = json.loads((tmp_path / "p" / "variants.json").read_text())["rows"][1]
+    assert row["test_f1"] == 1.0 and abs(row["test_minus_reference"] - expected) < 1e-12
+    assert row["vague_minus_reference"] == 0.0  # its vague stamp is untouched
+
+    dropped = sorted(scores)[0]
+    del best["per_query"]["f1"][dropped]
+    stamp.write_text(json.dumps(record))
+    with pytest.raises(SystemExit, match=rf"perfect and default on test: .*1 only in b \('{re.escape(dropped)}'"):
+        variants.main([f"default={run}", f"perfect={perfect}", "--out", str(tmp_path / "p")])
+    with pytest.raises(SystemExit, match="'default' is not NAME=FOLDER"):
+        variants.main(["default", f"perfect={perfect}"])
+    with pytest.raises(SystemExit, match="holds no finished efficacy run"):
+        variants.main([f"default={run}", f"empty={tmp_path / 'v'}"])
 
 
 # ------------------------------------------------------------------ MLflow UI screenshot

@@ -1,0 +1,229 @@
+"""Variants side by side: efficacy runs of one method that differ in one setting, as rows of one report.
+
+Each ``NAME=FOLDER`` is the ``--out`` folder of a finished ``bench/efficacy.py`` run of the same
+method, data and seed (for example CoGR's default, ``--set cogr.item_context=title_only`` and
+``--set cogr.query_context=search_results``, the rows of the CoGR paper's Table 4). The first
+is the reference. Per variant, from what its run stamped (nothing is retrained or re-evaluated):
+
+- the phase its val split chose and that phase's val headline metric (what picks a variant);
+- the chosen phase's test mean with its 95% bootstrap CI, and the paired difference from the
+  reference's chosen phase over the same test queries (95% paired-bootstrap CI, p-value);
+- the same on the vague split where the runs measured it (``--vague test_copy``).
+
+Printed: the table, then ``val chooses: <name>`` (the highest val headline; test is only read).
+Written to ``--out``: ``variants.json``, ``variants.csv`` and ``variants.png`` (each split's
+headline per variant with its CI).
+
+Usage::
+
+    python bench/variants.py default=/work/runs/cogr_default_s42 \\
+        title_only=/work/runs/cogr_title_only_s42 search_results=/work/runs/cogr_search_results_s42
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SPLITS = ("test", "vague")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="The runs must share method, data and seed: their test queries are paired by id.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("runs", nargs="+", metavar="NAME=FOLDER",
+                        help="an efficacy run's --out folder and the name of its row; the first is the reference")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where variants.json/.csv/.png go (default: the reference run's folder)")
+    return parser.parse_args(argv)
+
+
+def named_folders(specs: list[str]) -> dict[str, Path]:
+    runs: dict[str, Path] = {}
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder:
+            raise SystemExit(f"variants: {spec!r} is not NAME=FOLDER")
+        if name in runs:
+            raise SystemExit(f"variants: the name {name!r} is given twice")
+        runs[name] = Path(folder)
+    return runs
+
+
+def read_run(name: str, folder: Path) -> dict[str, Any]:
+    """What one finished efficacy run stamped: its method, final tables and per-query values."""
+    from coevo.pipeline import STEPS_DIR
+
+    steps = folder / STEPS_DIR
+    reports = sorted(steps.glob("*/*_efficacy/*-reports.json"))
+    if not reports:
+        raise SystemExit(f"variants: {name}: {folder} holds no finished efficacy run "
+                         f"(no {STEPS_DIR}/<method>/<method>_efficacy/<method>-reports.json)")
+    if len(reports) > 1:
+        raise SystemExit(f"variants: {name}: {folder} holds runs of several methods: "
+                         + ", ".join(str(p.relative_to(folder)) for p in reports))
+    method = reports[0].parent.parent.name
+    run = {"name": name, "folder": str(folder), "method": method, "table": _result(reports[0], name)["table"],
+           "final": {}}
+    for split in SPLITS:
+        stamp = reports[0].parent / (f"{method}-final.json" if split == "test" else f"{method}-final-{split}.json")
+        if stamp.exists():
+            run["final"][split] = _result(stamp, name)
+    return run
+
+
+def _result(path: Path, name: str) -> dict[str, Any]:
+    from coevo.steps import read_stamp
+
+    stamp = read_stamp(path)
+    if not stamp or stamp.get("state") != "done" or "result" not in stamp:
+        raise SystemExit(f"variants: {name}: {path} is not a finished step (state {stamp and stamp.get('state')!r})")
+    return stamp["result"]
+
+
+def chosen_val(table: dict[str, Any]) -> tuple[str, float]:
+    """The phase val chose and its val headline value."""
+    phase, metric = table["best_phase"], table["headline"]
+    row = next((r for r in table["rows"] if r.get("split") == table["val_split"] and r.get("phase") == phase), None)
+    if row is None:
+        raise SystemExit(f"variants: the final table has no val row of its chosen phase {phase!r}")
+    return phase, float(row[metric])
+
+
+def per_query(final: dict[str, Any], metric: str) -> dict[str, float]:
+    row = next(r for r in final["rows"] if r["phase"] == final["best_phase"])
+    return row["per_query"][metric]
+
+
+def compare(runs: list[dict[str, Any]], bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per variant: val choice, each split's mean and CI, and its difference from the first."""
+    from coevo.stats import mean_ci, paired_difference
+
+    reference = runs[0]
+    metric = reference["table"]["headline"]
+    settings = {"resamples": bootstrap["resamples"], "seed": bootstrap["seed"], "confidence": bootstrap["confidence"]}
+    rows = []
+    for run in runs:
+        if run["method"] != reference["method"]:
+            raise SystemExit(f"variants: {run['name']} is a {run['method']} run, {reference['name']} a "
+                             f"{reference['method']} run: compare variants of one method")
+        phase, val = chosen_val(run["table"])
+        row: dict[str, Any] = {"variant": run["name"], "phase": phase, f"val_{metric}": val,
+                               "n_val": next(r["n_queries"] for r in run["table"]["rows"]
+                                             if r.get("split") == run["table"]["val_split"])}
+        for split in SPLITS:
+            if split not in run["final"] or split not in reference["final"]:
+                continue
+            values = per_query(run["final"][split], metric)
+            ci = mean_ci(values, **settings)
+            row.update({f"{split}_{metric}": ci.mean, f"{split}_ci_low": ci.ci_low, f"{split}_ci_high": ci.ci_high,
+                        f"n_{split}": ci.n})
+            if run is not reference:
+                try:
+                    diff = paired_difference(values, per_query(reference["final"][split], metric),
+                                             permutations=bootstrap["permutations"], **settings)
+                except ValueError as exc:
+                    raise SystemExit(f"variants: {run['name']} and {reference['name']} on {split}: {exc} "
+                                     "(same method, data and seed needed)") from None
+                row.update({f"{split}_minus_reference": diff.mean, f"{split}_minus_reference_ci_low": diff.ci_low,
+                            f"{split}_minus_reference_ci_high": diff.ci_high, f"{split}_minus_reference_p": diff.p_value})
+        rows.append(row)
+    return rows
+
+
+def rich_tables(rows: list[dict[str, Any]], metric: str, method: str) -> list[Any]:
+    """One table per split: each variant at the phase its val chose, and its paired difference
+    from the reference (the first row)."""
+    from rich.table import Table
+
+    reference = rows[0]["variant"]
+    tables = []
+    for split in (s for s in SPLITS if f"{s}_{metric}" in rows[0]):
+        table = Table(title=f"{method} variants on {split} (n={rows[0][f'n_{split}']}), each at the phase its val "
+                            f"chose (val n={rows[0]['n_val']})", title_justify="left", caption_justify="left",
+                      caption="95% CIs: bootstrap over queries; the difference is paired by query (bold: its CI "
+                              "excludes 0). Choose on val: test and vague are read once.")
+        for name in ("variant", "phase", f"val {metric}", f"{split} {metric} [95% CI]", f"minus {reference} [95% CI]",
+                     "p"):
+            table.add_column(name, justify="left" if name in ("variant", "phase") else "right", no_wrap=True)
+        for row in rows:
+            cells = [row["variant"], row["phase"], f"{row[f'val_{metric}']:.4f}",
+                     f"{row[f'{split}_{metric}']:.4f} [{row[f'{split}_ci_low']:.4f}, {row[f'{split}_ci_high']:.4f}]"]
+            if f"{split}_minus_reference" in row:
+                low, high = row[f"{split}_minus_reference_ci_low"], row[f"{split}_minus_reference_ci_high"]
+                text = f"{row[f'{split}_minus_reference']:+.4f} [{low:+.4f}, {high:+.4f}]"
+                cells += [f"[bold]{text}[/]" if low > 0 or high < 0 else text, f"{row[f'{split}_minus_reference_p']:.2g}"]
+            else:
+                cells += ["reference", ""]
+            table.add_row(*cells)
+        tables.append(table)
+    return tables
+
+
+def plot(rows: list[dict[str, Any]], metric: str, method: str, dest: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = [s for s in SPLITS if f"{s}_{metric}" in rows[0]]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(rows) * len(splits), 4.0))
+    width = 0.8 / len(rows)
+    for i, row in enumerate(rows):
+        xs = [j + (i - (len(rows) - 1) / 2) * width for j in range(len(splits))]
+        means = [row[f"{s}_{metric}"] for s in splits]
+        errors = [[m - row[f"{s}_ci_low"] for s, m in zip(splits, means)],
+                  [row[f"{s}_ci_high"] - m for s, m in zip(splits, means)]]
+        ax.bar(xs, means, width=width, yerr=errors, capsize=3, label=f"{row['variant']} ({row['phase']})")
+    ax.set_xticks(range(len(splits)), [f"{s} (n={rows[0][f'n_{s}']})" for s in splits])
+    ax.set_ylabel(metric)
+    ax.set_title(f"{method}: variants, phase chosen on val (95% bootstrap CIs)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(dest, dpi=120)
+    plt.close(fig)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    from coevo import report
+    from coevo.io import write_json
+
+    args = parse_args(argv)
+    folders = named_folders(args.runs)
+    if len(folders) < 2:
+        raise SystemExit("variants: give at least two runs (the reference first)")
+    for name, folder in folders.items():
+        if not folder.is_dir():
+            raise SystemExit(f"variants: {name}: no such folder {folder}")
+    runs = [read_run(name, folder) for name, folder in folders.items()]
+    table = runs[0]["table"]
+    metric, method = table["headline"], runs[0]["method"]
+    rows = compare(runs, table["bootstrap"])
+    out = (args.out or folders[next(iter(folders))]).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "variants.json", {"method": method, "metric": metric, "reference": rows[0]["variant"],
+                                       "runs": {r["name"]: r["folder"] for r in runs}, "rows": rows})
+    report.write_csv(rows, out / "variants.csv")
+    png = plot(rows, metric, method, out / "variants.png")
+    console = Console(width=120)
+    for rendered in rich_tables(rows, metric, method):
+        console.print(rendered)
+    best = max(rows, key=lambda r: r[f"val_{metric}"])
+    console.print(f"written: {out / 'variants.json'}, {out / 'variants.csv'}, {png}")
+    print(f"val chooses: {best['variant']} (val {metric} {best[f'val_{metric}']:.4f} with {best['phase']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
