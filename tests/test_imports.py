@@ -179,6 +179,26 @@ def test_only_coevo_packages_are_installed():
     )
 
 
+def test_the_gpu_extra_takes_vllm_through_the_pinned_trls_own_extra():
+    """vLLM at a version the pinned TRL supports: the gpu extra names TRL's `vllm` extra at the core
+    pin (a TRL bump that forgets the extra fails here), the installed TRL declares that extra, and
+    no faiss-gpu (it installs the same `faiss` module as faiss-cpu)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    core = {r.name: r for r in map(Requirement, config["project"]["dependencies"])}
+    gpu = {r.name: r for r in map(Requirement, config["project"]["optional-dependencies"]["gpu"])}
+    assert set(gpu) == {"trl"} and gpu["trl"].extras == {"vllm"}, gpu
+    assert str(gpu["trl"].specifier) == str(core["trl"].specifier) == f"=={importlib.metadata.version('trl')}"
+    declared = [Requirement(r) for r in importlib.metadata.requires("trl") or ()]
+    vllm = [r for r in declared if r.name == "vllm" and r.marker and r.marker.evaluate({"extra": "vllm"})]
+    assert vllm and vllm[0].specifier, "the installed TRL declares no pinned vllm extra"
+    extras = [r for group in config["project"]["optional-dependencies"].values() for r in group]
+    assert not [r for r in extras if Requirement(r).name.startswith("faiss-gpu")]
+
+
 # -- the walker itself -----------------------------------------------------------------------
 def test_the_walker_sees_every_kind_of_import(tmp_path, monkeypatch):
     package = tmp_path / "coevo" / "models"
