@@ -40,6 +40,7 @@ SMOKED = {
     "mlflow_screenshot.py": "test_mlflow_screenshot",
     "demo_quote.py": "test_demo_quote",
     "gpu_check.sh": "test_gpu_check_dry_run",
+    "gpu_check.py": "test_gpu_check_dry_run",
     "efficacy.py": "test_efficacy",
     "variants.py": "test_efficacy",
 }
@@ -162,6 +163,9 @@ def test_gpu_check_dry_run(tmp_path):
     assert lines[0] == "gpu_check: dry run on CPU (toy shape; numbers mean nothing)"
     phases = [line.split()[0] for line in lines if re.match(r"0\d_(sft|query|item)\s", line)]
     assert phases == ["00_sft", "01_query", "02_item"]
+    verdicts = [line for line in lines if re.fullmatch(r"gpu_check: \w+ (ok|FAILED) in \d+s.*", line)]
+    assert [v.split()[1:3] for v in verdicts] == [["cogr", "ok"], ["grape", "ok"], ["cohyde", "ok"]], verdicts
+    assert not [line for line in lines if "it/s]" in line], "library progress bars reached the terminal"
     last_line(lines, rf"gpu_check: done in \d+s; work files in {re.escape(str(work))}")
 
 
