@@ -45,7 +45,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -57,6 +57,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # tasks/ (the MLflow tracker) when run as a script
 
 from coevo.cli.terminal import LibraryOutputToLog  # noqa: E402 - after the environment above
+
+if TYPE_CHECKING:  # types only: the bench imports its heavy modules when it runs
+    from coevo.config import Params
+    from coevo.methods.base import Method
+    from coevo.pipeline import Pipeline
+    from tasks.tracking import Tracker
 
 # Per method: the loader of --data, the headline metric of the gain line, the default query subset,
 # the split fractions (test sized for the CI; val for early stopping and k*), the vague-query
@@ -188,7 +194,7 @@ def kind_of(name: str) -> str:
     return tail if head.isdigit() else head
 
 
-def train_within(pipe: Any, budget_s: float, started: float, term: "Terminal", headline: str,
+def train_within(pipe: Pipeline, budget_s: float, started: float, term: "Terminal", headline: str,
                  phase_done: Callable[[], None] | None = None) -> tuple[list[str], str]:
     """Run the pending phases while the budget lasts, calling ``phase_done()`` after each; returns
     (phases run here, why training stopped)."""
@@ -217,7 +223,7 @@ def train_within(pipe: Any, budget_s: float, started: float, term: "Terminal", h
     return ran, "all planned phases ran (or early stopping ended training)"
 
 
-def log_curves(tracker: Any, method: Any, out: Path) -> Path | None:
+def log_curves(tracker: Tracker, method: Method, out: Path) -> Path | None:
     """The GRPO curves as CSV and PNG artifacts (the flows' per-phase and per-step series were
     logged while training ran)."""
     from coevo.report import write_csv
@@ -374,7 +380,7 @@ def comparison(table: dict[str, Any], name: str, metric: str) -> dict[str, Any]:
     return found
 
 
-def vague_table(method: str, params: Any) -> dict[str, Any]:
+def vague_table(method: str, params: Params) -> dict[str, Any]:
     """The final table on the vague split: the same trained phases and baselines, read on the vague
     copies of the test queries (steps of their own: the test split's stamps are kept)."""
     from coevo.pipeline import Pipeline

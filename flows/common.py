@@ -306,7 +306,8 @@ def _tags(pipe: Pipeline, paths: Sequence[Path] | None = None) -> dict[str, str]
     return tags
 
 
-def summary(pipe: Pipeline, rows: list[dict[str, Any]], tracker: Any = None, **extra: Any) -> dict[str, Any]:
+def summary(pipe: Pipeline, rows: list[dict[str, Any]], tracker: Tracker | None = None,
+            **extra: Any) -> dict[str, Any]:
     from prefect.context import FlowRunContext
 
     lay = pipe.layout
@@ -331,7 +332,7 @@ def logger():
         return logging.getLogger("coevo.flows")
 
 
-def main(flow_fn: Any, argv: Sequence[str] | None = None) -> None:
+def main(flow_fn: Flow, argv: Sequence[str] | None = None) -> None:
     """`python flows/<method>.py [--params FILE ...] [--set k=v ...] [--stage S]` (no rich UI)."""
     import argparse
     import json

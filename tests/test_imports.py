@@ -179,6 +179,24 @@ def test_only_coevo_packages_are_installed():
     )
 
 
+# A parameter of these names is one of the project's own types; `Any` there hides what it is.
+PROJECT_TYPES = {"params": "Params", "pipe": "Pipeline", "pipeline": "Pipeline", "method": "Method", "step": "Step",
+                 "retriever": "Retriever", "tracker": "Tracker"}
+
+
+def test_no_public_signature_types_a_project_object_as_any():
+    found = []
+    for folder in ("coevo", "tasks", "flows", "bench"):
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_"):
+                    arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                    found += [f"{path.relative_to(REPO_ROOT)}:{node.lineno} {node.name}({a.arg}: Any): "
+                              f"expected {PROJECT_TYPES[a.arg]}" for a in arguments
+                              if a.arg in PROJECT_TYPES and a.annotation is not None and ast.unparse(a.annotation) == "Any"]
+    assert not found, "\n".join(found)
+
+
 def test_the_gpu_extra_takes_vllm_through_the_pinned_trls_own_extra():
     """vLLM at a version the pinned TRL supports: the gpu extra names TRL's `vllm` extra at the core
     pin (a TRL bump that forgets the extra fails here), the installed TRL declares that extra, and
