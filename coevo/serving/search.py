@@ -436,7 +436,7 @@ class GrapeRetriever(_DenseRetriever):
     def generate(self, queries: Sequence[str]) -> list[str | None]:
         # Grape.rewrite (local backend): greedy completion, parsed; None when malformed.
         from coevo.methods.grape import rewrite_messages
-        from coevo.rewards.grape import RewriteParser, searched_text
+        from coevo.rewards.grape import RewriteParser
 
         s = self.settings
         mode = s.get("query_mode", "replace")  # models registered before the knob existed replace
@@ -451,10 +451,15 @@ class GrapeRetriever(_DenseRetriever):
             return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
         parser = RewriteParser(s["reasoning"], s["max_reasoning_tokens"], count)
-        rewrites = [parser(out[0]) for out in outputs]
-        if mode == "replace":
-            return rewrites  # None for a malformed rewrite, as the record shows it
-        return [searched_text(q, r, mode) for q, r in zip(queries, rewrites)]
+        return [parser(out[0]) for out in outputs]  # None for a malformed rewrite, as the record shows it
+
+    def searched(self, queries: Sequence[str], generated: Sequence[str | None]) -> list[str]:
+        # grape.query_mode: the rewrite alone (replace; a malformed one searches the empty string) or the
+        # query followed by it (expand), as Grape's evaluation embeds it.
+        from coevo.rewards.grape import searched_text
+
+        mode = self.settings.get("query_mode", "replace")  # models registered before the knob replace
+        return [searched_text(q, r, mode) for q, r in zip(queries, generated)]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.frozen.embed_queries(list(texts))
