@@ -8,7 +8,10 @@ is the reference. Per variant, from what its run stamped (nothing is retrained o
 - the phase its val split chose and that phase's val headline metric (what picks a variant);
 - the chosen phase's test mean with its 95% bootstrap CI, and the paired difference from the
   reference's chosen phase over the same test queries (95% paired-bootstrap CI, p-value);
-- the same on the vague split where the runs measured it (``--vague test_copy``).
+- the same for the start phase (CoGR's SFT, GRAPE's untrained rewriter, CoHyDE's vanilla HyDE):
+  the same training for every variant, so the setting's effect apart from how many phases each
+  run's budget fitted;
+- all of it on the vague split too where the runs measured it (``--vague test_copy``).
 
 Printed: the table, then ``val chooses: <name>`` (the highest val headline; test is only read).
 Written to ``--out``: ``variants.json``, ``variants.csv`` and ``variants.png`` (each split's
@@ -88,17 +91,17 @@ def _result(path: Path, name: str) -> dict[str, Any]:
     return stamp["result"]
 
 
-def chosen_val(table: dict[str, Any]) -> tuple[str, float]:
-    """The phase val chose and its val headline value."""
-    phase, metric = table["best_phase"], table["headline"]
+def val_of(table: dict[str, Any], phase: str) -> float:
+    """``phase``'s val headline value in the final table."""
     row = next((r for r in table["rows"] if r.get("split") == table["val_split"] and r.get("phase") == phase), None)
     if row is None:
-        raise SystemExit(f"variants: the final table has no val row of its chosen phase {phase!r}")
-    return phase, float(row[metric])
+        raise SystemExit(f"variants: the final table has no val row of phase {phase!r}")
+    return float(row[table["headline"]])
 
 
-def per_query(final: dict[str, Any], metric: str) -> dict[str, float]:
-    row = next(r for r in final["rows"] if r["phase"] == final["best_phase"])
+def per_query(final: dict[str, Any], metric: str, phase: str = "best_phase") -> dict[str, float]:
+    """The per-query ``metric`` of the run's chosen phase (``best_phase``) or of its start (``start_phase``)."""
+    row = next(r for r in final["rows"] if r["phase"] == final[phase])
     return row["per_query"][metric]
 
 
@@ -114,56 +117,66 @@ def compare(runs: list[dict[str, Any]], bootstrap: dict[str, Any]) -> list[dict[
         if run["method"] != reference["method"]:
             raise SystemExit(f"variants: {run['name']} is a {run['method']} run, {reference['name']} a "
                              f"{reference['method']} run: compare variants of one method")
-        phase, val = chosen_val(run["table"])
-        row: dict[str, Any] = {"variant": run["name"], "phase": phase, f"val_{metric}": val,
+        phase = run["table"]["best_phase"]
+        row: dict[str, Any] = {"variant": run["name"], "phase": phase, f"val_{metric}": val_of(run["table"], phase),
+                               f"val_start_{metric}": val_of(run["table"], run["table"]["start_phase"]),
                                "n_val": next(r["n_queries"] for r in run["table"]["rows"]
                                              if r.get("split") == run["table"]["val_split"])}
         for split in SPLITS:
             if split not in run["final"] or split not in reference["final"]:
                 continue
-            values = per_query(run["final"][split], metric)
-            ci = mean_ci(values, **settings)
-            row.update({f"{split}_{metric}": ci.mean, f"{split}_ci_low": ci.ci_low, f"{split}_ci_high": ci.ci_high,
-                        f"n_{split}": ci.n})
-            if run is not reference:
+            # The chosen phase, then the start phase: the same training for every variant (CoGR's SFT),
+            # so the variant's effect apart from how many phases its budget fitted.
+            for which, prefix in (("best_phase", split), ("start_phase", f"{split}_start")):
+                values = per_query(run["final"][split], metric, which)
+                ci = mean_ci(values, **settings)
+                row.update({f"{prefix}_{metric}": ci.mean, f"{prefix}_ci_low": ci.ci_low,
+                            f"{prefix}_ci_high": ci.ci_high, f"n_{split}": ci.n})
+                if which == "start_phase":
+                    row["start_phase"] = run["final"][split]["start_phase"]
+                if run is reference:
+                    continue
                 try:
-                    diff = paired_difference(values, per_query(reference["final"][split], metric),
+                    diff = paired_difference(values, per_query(reference["final"][split], metric, which),
                                              permutations=bootstrap["permutations"], **settings)
                 except ValueError as exc:
                     raise SystemExit(f"variants: {run['name']} and {reference['name']} on {split}: {exc} "
                                      "(same method, data and seed needed)") from None
-                row.update({f"{split}_minus_reference": diff.mean, f"{split}_minus_reference_ci_low": diff.ci_low,
-                            f"{split}_minus_reference_ci_high": diff.ci_high, f"{split}_minus_reference_p": diff.p_value})
+                row.update({f"{prefix}_minus_reference": diff.mean, f"{prefix}_minus_reference_ci_low": diff.ci_low,
+                            f"{prefix}_minus_reference_ci_high": diff.ci_high,
+                            f"{prefix}_minus_reference_p": diff.p_value})
         rows.append(row)
     return rows
 
 
 def rich_tables(rows: list[dict[str, Any]], metric: str, method: str) -> list[Any]:
-    """One table per split: each variant at the phase its val chose, and its paired difference
-    from the reference (the first row)."""
+    """Per split, two tables: each variant at the phase its val chose, then at its start phase (the
+    same training for all); each with its paired difference from the reference (the first row)."""
     from rich.table import Table
 
     reference = rows[0]["variant"]
     tables = []
     for split in (s for s in SPLITS if f"{s}_{metric}" in rows[0]):
-        table = Table(title=f"{method} variants on {split} (n={rows[0][f'n_{split}']}), each at the phase its val "
-                            f"chose (val n={rows[0]['n_val']})", title_justify="left", caption_justify="left",
-                      caption="95% CIs: bootstrap over queries; the difference is paired by query (bold: its CI "
-                              "excludes 0). Choose on val: test and vague are read once.")
-        for name in ("variant", "phase", f"val {metric}", f"{split} {metric} [95% CI]", f"minus {reference} [95% CI]",
-                     "p"):
-            table.add_column(name, justify="left" if name in ("variant", "phase") else "right", no_wrap=True)
-        for row in rows:
-            cells = [row["variant"], row["phase"], f"{row[f'val_{metric}']:.4f}",
-                     f"{row[f'{split}_{metric}']:.4f} [{row[f'{split}_ci_low']:.4f}, {row[f'{split}_ci_high']:.4f}]"]
-            if f"{split}_minus_reference" in row:
-                low, high = row[f"{split}_minus_reference_ci_low"], row[f"{split}_minus_reference_ci_high"]
-                text = f"{row[f'{split}_minus_reference']:+.4f} [{low:+.4f}, {high:+.4f}]"
-                cells += [f"[bold]{text}[/]" if low > 0 or high < 0 else text, f"{row[f'{split}_minus_reference_p']:.2g}"]
-            else:
-                cells += ["reference", ""]
-            table.add_row(*cells)
-        tables.append(table)
+        for prefix, phase_key, what in ((split, "phase", "the phase its val chose"),
+                                        (f"{split}_start", "start_phase", "its start phase (the same training)")):
+            table = Table(title=f"{method} variants on {split} (n={rows[0][f'n_{split}']}), each at {what}",
+                          title_justify="left")
+            for name in ("variant", "phase", f"val {metric}", f"{split} {metric} [95% CI]",
+                         f"minus {reference} [95% CI]", "p"):
+                table.add_column(name, justify="left" if name in ("variant", "phase") else "right", no_wrap=True)
+            for row in rows:
+                val = f"{row[f'val_{metric}' if phase_key == 'phase' else f'val_start_{metric}']:.4f}"
+                cells = [row["variant"], row[phase_key], val,
+                         f"{row[f'{prefix}_{metric}']:.4f} [{row[f'{prefix}_ci_low']:.4f}, {row[f'{prefix}_ci_high']:.4f}]"]
+                if f"{prefix}_minus_reference" in row:
+                    low, high = row[f"{prefix}_minus_reference_ci_low"], row[f"{prefix}_minus_reference_ci_high"]
+                    text = f"{row[f'{prefix}_minus_reference']:+.4f} [{low:+.4f}, {high:+.4f}]"
+                    cells += [f"[bold]{text}[/]" if low > 0 or high < 0 else text,
+                              f"{row[f'{prefix}_minus_reference_p']:.2g}"]
+                else:
+                    cells += ["reference", ""]
+                table.add_row(*cells)
+            tables.append(table)
     return tables
 
 
@@ -219,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=120)
     for rendered in rich_tables(rows, metric, method):
         console.print(rendered)
+    console.print(f"95% CIs: bootstrap over queries; differences paired by query (bold: the CI excludes 0). Val "
+                  f"chooses the variant; {' and '.join(s for s in SPLITS if f'{s}_{metric}' in rows[0])} are read once.")
     best = max(rows, key=lambda r: r[f"val_{metric}"])
     console.print(f"written: {out / 'variants.json'}, {out / 'variants.csv'}, {png}")
     print(f"val chooses: {best['variant']} (val {metric} {best[f'val_{metric}']:.4f} with {best['phase']})")

@@ -248,6 +248,9 @@ def check_variants(run: Path, tmp_path: Path) -> None:
     row = json.loads((tmp_path / "p" / "variants.json").read_text())["rows"][1]
     assert row["test_f1"] == 1.0 and abs(row["test_minus_reference"] - expected) < 1e-12
     assert row["vague_minus_reference"] == 0.0  # its vague stamp is untouched
+    # the start phase (SFT) compares separately: moved only where val chose the start itself
+    start_moved = record["result"]["best_phase"] == record["result"]["start_phase"]
+    assert abs(row["test_start_minus_reference"] - (expected if start_moved else 0.0)) < 1e-12
 
     dropped = sorted(scores)[0]
     del best["per_query"]["f1"][dropped]
