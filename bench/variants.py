@@ -77,9 +77,18 @@ def read_run(name: str, folder: Path) -> dict[str, Any]:
            "final": {}}
     for split in SPLITS:
         stamp = reports[0].parent / (f"{method}-final.json" if split == "test" else f"{method}-final-{split}.json")
-        if stamp.exists():
+        if split == "test" or _finished(stamp):
             run["final"][split] = _result(stamp, name)
+        elif stamp.exists():  # an evaluation still running (or killed): the split is left out, said once
+            print(f"variants: {name}: its {split} evaluation has not finished; {split} is left out", file=sys.stderr)
     return run
+
+
+def _finished(path: Path) -> bool:
+    from coevo.steps import read_stamp
+
+    stamp = read_stamp(path)
+    return bool(stamp) and stamp.get("state") == "done"
 
 
 def _result(path: Path, name: str) -> dict[str, Any]:
@@ -149,6 +158,11 @@ def compare(runs: list[dict[str, Any]], bootstrap: dict[str, Any]) -> list[dict[
     return rows
 
 
+def measured_splits(rows: list[dict[str, Any]], metric: str) -> list[str]:
+    """The splits every variant was evaluated on."""
+    return [s for s in SPLITS if all(f"{s}_{metric}" in r for r in rows)]
+
+
 def rich_tables(rows: list[dict[str, Any]], metric: str, method: str) -> list[Any]:
     """Per split, two tables: each variant at the phase its val chose, then at its start phase (the
     same training for all); each with its paired difference from the reference (the first row)."""
@@ -156,7 +170,7 @@ def rich_tables(rows: list[dict[str, Any]], metric: str, method: str) -> list[An
 
     reference = rows[0]["variant"]
     tables = []
-    for split in (s for s in SPLITS if f"{s}_{metric}" in rows[0]):
+    for split in measured_splits(rows, metric):
         for prefix, phase_key, what in ((split, "phase", "the phase its val chose"),
                                         (f"{split}_start", "start_phase", "its start phase (the same training)")):
             table = Table(title=f"{method} variants on {split} (n={rows[0][f'n_{split}']}), each at {what}",
@@ -186,7 +200,7 @@ def plot(rows: list[dict[str, Any]], metric: str, method: str, dest: Path) -> Pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    splits = [s for s in SPLITS if f"{s}_{metric}" in rows[0]]
+    splits = measured_splits(rows, metric)
     fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(rows) * len(splits), 4.0))
     width = 0.8 / len(rows)
     for i, row in enumerate(rows):
@@ -232,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=120)
     for rendered in rich_tables(rows, metric, method):
         console.print(rendered)
+    read = measured_splits(rows, metric)
     console.print(f"95% CIs: bootstrap over queries; differences paired by query (bold: the CI excludes 0). Val "
-                  f"chooses the variant; {' and '.join(s for s in SPLITS if f'{s}_{metric}' in rows[0])} are read once.")
+                  f"chooses the variant; {' and '.join(read)} {'is' if len(read) == 1 else 'are'} read once.")
     best = max(rows, key=lambda r: r[f"val_{metric}"])
     console.print(f"written: {out / 'variants.json'}, {out / 'variants.csv'}, {png}")
     print(f"val chooses: {best['variant']} (val {metric} {best[f'val_{metric}']:.4f} with {best['phase']})")

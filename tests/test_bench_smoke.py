@@ -252,6 +252,11 @@ def check_variants(run: Path, tmp_path: Path) -> None:
     start_moved = record["result"]["best_phase"] == record["result"]["start_phase"]
     assert abs(row["test_start_minus_reference"] - (expected if start_moved else 0.0)) < 1e-12
 
+    (vague,) = perfect.glob(".coevo/steps/cogr/*/cogr-final-vague.json")
+    vague.write_text(json.dumps({**json.loads(vague.read_text()), "state": "running"}))  # as a killed run leaves it
+    assert variants.main([f"default={run}", f"perfect={perfect}", "--out", str(tmp_path / "p")]) == 0
+    assert "vague_f1" not in json.loads((tmp_path / "p" / "variants.json").read_text())["rows"][1]
+
     dropped = sorted(scores)[0]
     del best["per_query"]["f1"][dropped]
     stamp.write_text(json.dumps(record))
