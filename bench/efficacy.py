@@ -97,7 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "Default: all_queries for grape, test_copy for cogr and cohyde")
     parser.add_argument("--budget-min", type=float, required=True,
                         help="wall-clock minutes for data preparation and training (the final test evaluation "
-                             "comes after it and is timed separately)")
+                             "comes after it and is timed separately), counted from this process's start; 0 on a "
+                             "finished --out evaluates what is trained there without training further")
     parser.add_argument("--seed", type=int, default=42, help="params seed: data split, sampling, training")
     parser.add_argument("--queries", type=int, default=None,
                         help="seeded subset of the source's queries (default per method; 0 = all)")
