@@ -63,6 +63,7 @@ def named_folders(specs: list[str]) -> dict[str, Path]:
 def read_run(name: str, folder: Path) -> dict[str, Any]:
     """What one finished efficacy run stamped: its method, final tables and per-query values."""
     from coevo.pipeline import STEPS_DIR
+    from coevo.steps import read_stamp
 
     steps = folder / STEPS_DIR
     reports = sorted(steps.glob("*/*_efficacy/*-reports.json"))
@@ -76,25 +77,20 @@ def read_run(name: str, folder: Path) -> dict[str, Any]:
     run = {"name": name, "folder": str(folder), "method": method, "table": _result(reports[0], name)["table"],
            "final": {}}
     for split in SPLITS:
-        stamp = reports[0].parent / (f"{method}-final.json" if split == "test" else f"{method}-final-{split}.json")
-        if split == "test" or _finished(stamp):
-            run["final"][split] = _result(stamp, name)
-        elif stamp.exists():  # an evaluation still running (or killed): the split is left out, said once
+        path = reports[0].parent / (f"{method}-final.json" if split == "test" else f"{method}-final-{split}.json")
+        stamp = read_stamp(path)
+        if split == "test" or (stamp and stamp.get("state") == "done"):
+            run["final"][split] = _result(path, name, stamp)
+        elif stamp:  # an evaluation still running (or killed): the split is left out, said once
             print(f"variants: {name}: its {split} evaluation has not finished; {split} is left out", file=sys.stderr)
     return run
 
 
-def _finished(path: Path) -> bool:
+def _result(path: Path, name: str, stamp: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The result of a finished step's stamp (read from ``path`` unless given)."""
     from coevo.steps import read_stamp
 
-    stamp = read_stamp(path)
-    return bool(stamp) and stamp.get("state") == "done"
-
-
-def _result(path: Path, name: str) -> dict[str, Any]:
-    from coevo.steps import read_stamp
-
-    stamp = read_stamp(path)
+    stamp = stamp if stamp is not None else read_stamp(path)
     if not stamp or stamp.get("state") != "done" or "result" not in stamp:
         raise SystemExit(f"variants: {name}: {path} is not a finished step (state {stamp and stamp.get('state')!r})")
     return stamp["result"]
