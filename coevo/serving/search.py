@@ -433,13 +433,18 @@ class GrapeRetriever(_DenseRetriever):
 
         return ClipRetriever(spec["clip_model"], pretrained=spec.get("clip_pretrained"), seed=self.manifest["seed"])
 
+    @property
+    def query_mode(self) -> str:
+        """grape.query_mode of the served run (models registered before the knob existed replace)."""
+        return self.settings.get("query_mode", "replace")
+
     def generate(self, queries: Sequence[str]) -> list[str | None]:
         # Grape.rewrite (local backend): greedy completion, parsed; None when malformed.
         from coevo.methods.grape import rewrite_messages
         from coevo.rewards.grape import RewriteParser
 
         s = self.settings
-        mode = s.get("query_mode", "replace")  # models registered before the knob existed replace
+        mode = self.query_mode
         outputs = self.generator.generate(
             [rewrite_messages(q, s["retriever"]["kind"], s["reasoning"], s["max_reasoning_tokens"], mode)
              for q in queries],
@@ -458,8 +463,7 @@ class GrapeRetriever(_DenseRetriever):
         # query followed by it (expand), as Grape's evaluation embeds it.
         from coevo.rewards.grape import searched_text
 
-        mode = self.settings.get("query_mode", "replace")  # models registered before the knob replace
-        return [searched_text(q, r, mode) for q, r in zip(queries, generated)]
+        return [searched_text(q, r, self.query_mode) for q, r in zip(queries, generated)]
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.frozen.embed_queries(list(texts))
