@@ -9,7 +9,7 @@
 #
 #   bash bench/gpu_check.sh                 # uses .venv/bin/python, work files under /tmp
 #   PYTHON=python WORK=/scratch/x bash bench/gpu_check.sh
-#   GPU_CHECK_DRY=1 bash bench/gpu_check.sh # CPU rehearsal: same steps, a toy shape, seconds
+#   GPU_CHECK_DRY=1 bash bench/gpu_check.sh # CPU rehearsal: same steps, a toy shape, a few minutes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
