@@ -74,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--work", type=Path, required=True,
                         help="gpu_check.sh's work folder: the random model (qwen3-0.6b-random/) and the prepared samples")
-    parser.add_argument("--dry", action="store_true", help="CPU rehearsal: toy scale (about 3 minutes for the three methods on 2 cores)")
+    parser.add_argument("--dry", action="store_true",
+                        help="CPU rehearsal: toy scale (about 3 minutes for the three methods on 2 cores)")
     parser.add_argument("--methods", nargs="+", default=None, help="default: every registered method")
     return parser.parse_args(argv)
 
