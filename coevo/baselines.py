@@ -28,12 +28,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo.retrieval.bm25 import BM25_B, BM25_K1
 from coevo.retrieval.lucene import ANALYZER, DEFAULT_THREADS
 from coevo.retrieval.metrics import DEFAULT_CUTOFFS, Evaluation, check_cutoffs, metric_key, ranked_evaluation
 from coevo.stats import DEFAULT_CONFIDENCE, DEFAULT_RESAMPLES, MeanCI, mean_cis
+
+if TYPE_CHECKING:
+    from coevo.data.schema import Dataset
 
 Rankings = dict[str, list[str]]
 METHODS: tuple[str, ...] = ("bm25", "dense")
@@ -44,7 +47,7 @@ HEADLINE_METRICS: tuple[str, ...] = ("precision@1", "ndcg@5", "ndcg@10", "recall
 
 
 # ----------------------------------------------------------------------------- checks
-def check_links(dataset: Any) -> None:
+def check_links(dataset: Dataset) -> None:
     """The links scoring relies on, as one-line errors: unique item and query ids, and
     every qrel naming a known query and a known item. (``coevo data validate`` runs the
     full Great Expectations contract; this is the cheap part a baseline cannot do without.)
@@ -85,7 +88,7 @@ def _check_depth(k: int) -> int:
 
 # ----------------------------------------------------------------------------- runs
 def bm25_runs(
-    dataset: Any,
+    dataset: Dataset,
     splits: Sequence[str] = ("test",),
     k1: float = BM25_K1,
     b: float = BM25_B,
@@ -104,7 +107,7 @@ def bm25_runs(
 
 
 def bm25_run(
-    dataset: Any,
+    dataset: Dataset,
     split: str = "test",
     k1: float = BM25_K1,
     b: float = BM25_B,
@@ -118,7 +121,7 @@ def bm25_run(
 
 
 def dense_runs(
-    dataset: Any,
+    dataset: Dataset,
     splits: Sequence[str] = ("test",),
     encoder: str = DEFAULT_ENCODER,
     k: int = DEFAULT_DEPTH,
@@ -142,7 +145,7 @@ def dense_runs(
 
 
 def dense_run(
-    dataset: Any,
+    dataset: Dataset,
     split: str = "test",
     encoder: str = DEFAULT_ENCODER,
     k: int = DEFAULT_DEPTH,
@@ -235,7 +238,7 @@ def _label(method: str, params: Mapping[str, Any]) -> str:
 
 
 def baseline_table(
-    dataset: Any,
+    dataset: Dataset,
     method: str = "bm25",
     *,
     split: str = "test",

@@ -40,11 +40,14 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from coevo.config import ComputeParams
+
+if TYPE_CHECKING:
+    from coevo.models.generator import Generator
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +168,7 @@ def _apply_threads(model: Any, threads: int | None, cpus: float) -> None:
 
 # ----------------------------------------------------------------------------- generation
 def generate_texts(
-    generator: Any,
+    generator: Generator | None,
     prompts: Sequence[Any],
     *,
     compute: ComputeParams | None = None,

@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Union
 
 import yaml
 from pydantic import (
@@ -398,6 +398,14 @@ class GrapeGRPOParams(GRPOParams):
     trl_owned: ClassVar[dict[str, str]] = {**GRPOParams.trl_owned, "max_steps": "{self}.steps"}
 
     steps: StrictInt = Field(ge=1, description="GRPO optimizer steps in all.")
+
+
+class EarlyStoppingSection(Protocol):
+    """What the base method reads from a method's early-stopping section (CoGR's, CoHyDE's, a new one's)."""
+
+    metric: str
+    patience: int
+    min_delta: float
 
 
 class CoGREarlyStopping(Section):

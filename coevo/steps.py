@@ -75,7 +75,8 @@ def module_path(module: str) -> str:
 @functools.lru_cache(maxsize=64)
 def code_hash(modules: tuple[str, ...]) -> str:
     """md5 over the code of the named modules/packages (sorted, path-qualified): each file's
-    syntax tree without its docstrings (:func:`code_of`), so only an edit of what runs changes it."""
+    syntax tree without its docstrings and type hints (:func:`code_of`), so only an edit of what
+    runs changes it."""
     digest = hashlib.md5()
     for name in sorted(set(modules)):
         files = module_files(name)
@@ -96,20 +97,58 @@ def _code_digest(path: str, mtime_ns: int, size: int) -> bytes:
 
 def code_of(source: bytes) -> bytes:
     """What a source file contributes to a code key: its syntax tree (``ast.dump``: comments and
-    layout are not in it) with every module, class and function docstring removed. A file that
-    does not parse counts by its bytes. The tree's form is Python's own, so keys are per Python
-    minor version (the project pins 3.11)."""
+    layout are not in it) without what never runs (:class:`_TypeOnly`): docstrings, the parameter
+    and return annotations of functions (the project's modules use ``from __future__ import
+    annotations``), ``if TYPE_CHECKING:`` blocks and ``typing`` imports (each runtime use of a
+    typing name is in the tree itself). Annotated assignments stay: a pydantic or dataclass field's
+    annotation is behaviour. So a docstring or a type hint can be fixed without re-training. A file
+    that does not parse counts by its bytes. The tree's form is Python's own, so keys are per
+    Python minor version (the project pins 3.11)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return source
-    for node in ast.walk(tree):
+    return ast.dump(_TypeOnly().visit(tree)).encode()
+
+
+class _TypeOnly(ast.NodeTransformer):
+    """Drops the parts of a syntax tree that never run (see :func:`code_of`)."""
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
         body = getattr(node, "body", None)
         if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree).encode()
+        return super().generic_visit(node)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.AST:
+        node.returns = None
+        signature = node.args
+        for arg in (*signature.posonlyargs, *signature.args, *signature.kwonlyargs, signature.vararg, signature.kwarg):
+            if arg is not None:
+                arg.annotation = None
+        return self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_If(self, node: ast.If) -> ast.AST | list[ast.stmt]:
+        test = node.test
+        if (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+                isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
+            kept: list[ast.stmt] = []
+            for statement in node.orelse:
+                visited = self.visit(statement)
+                kept.extend(visited if isinstance(visited, list) else [visited] if visited else [])
+            return kept
+        return self.generic_visit(node)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | None:
+        return None if node.module == "typing" and not node.level else node
+
+    def visit_Import(self, node: ast.Import) -> ast.AST | None:
+        node.names = [alias for alias in node.names if alias.name != "typing"]
+        return node if node.names else None
 
 
 def select(tree: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:

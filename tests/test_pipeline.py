@@ -88,10 +88,36 @@ def test_an_edit_of_the_code_a_phase_runs_reruns_it_and_a_comment_docstring_or_l
     assert keys_after(lambda text: text.replace("CoGR rewards: query-side F1", "CoGR's rewards: the query-side F1")) == base
     assert keys_after(lambda text: text.replace('        """F1 of one keyword set (no budget rule)."""\n', "")) == base
     assert keys_after(lambda text: text.replace("\n\n\n", "\n\n\n\n")) == base
+    # type hints do not run: a signature's annotations may change without re-training
+    assert keys_after(lambda text: text.replace("def distinct_normalized(keywords: Iterable[str]) -> list[str]:",
+                                                "def distinct_normalized(keywords: Sequence[str]) -> list:")) == base
+    assert keys_after(lambda text: text.replace("def parse_within_budget(completion: Any, k_max: int,",
+                                                "def parse_within_budget(completion: str, k_max: int,")) == base
     edited = keys_after(lambda text: text.replace("INVALID_REWARD = -1.0", "INVALID_REWARD = -2.0"))
     assert changed(base, edited) == ["seed", "00_sft", "01_query", "02_item"]
     source.write_text(original)
     code_hash.cache_clear()
+
+
+def test_a_field_annotation_is_code_and_a_signature_annotation_is_not():
+    """A pydantic or dataclass field's annotation decides what it accepts (behaviour); a function's
+    parameter and return hints never run (``from __future__ import annotations``)."""
+    from coevo.steps import code_of
+
+    model = b"from pydantic import BaseModel\nclass P(BaseModel):\n    rate: %s = 1\n"
+    assert code_of(model % b"int") != code_of(model % b"float")
+    function = b"from __future__ import annotations\ndef f(x%s, *a%s, k%s=1, **kw%s)%s:\n    return x\n"
+    bare = (b"",) * 5
+    assert code_of(function % (b": int", b": str", b": float", b": dict", b" -> int")) == code_of(function % bare)
+    assert code_of(function % bare) != code_of(function.replace(b"return x", b"return k") % bare)
+    # type-only imports never run; a runtime import does
+    typed = b"from __future__ import annotations\n%sfrom coevo.config import Params\nX = Params\n"
+    checking = b"from typing import TYPE_CHECKING, Any\nif TYPE_CHECKING:\n    from coevo.methods.cogr import CoGR\n"
+    assert code_of(typed % checking) == code_of(typed % b"")
+    assert code_of(typed % b"import typing\nif typing.TYPE_CHECKING:\n    import numpy\n") == code_of(typed % b"")
+    assert code_of(typed % b"import numpy\n") != code_of(typed % b"")
+    assert code_of(typed % b"if TYPE_CHECKING:\n    import numpy\nelse:\n    import torch\n") == code_of(
+        typed % b"import torch\n")
 
 
 def test_adding_a_round_keeps_every_finished_phase(toy):

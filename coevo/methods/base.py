@@ -27,12 +27,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from coevo import distributed
 from coevo.config import Params
 from coevo.runtime import RESUME_NUMERICS, describe_numerics, numerics, precision_policy
 from coevo.steps import code_hash, fingerprint, is_done, read_stamp, remove_outputs, run_stamped, select, step_key
+
+if TYPE_CHECKING:
+    from coevo.config import EarlyStoppingSection
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +168,7 @@ class Method(ABC):
         return {}
 
     @property
-    def early_stopping_params(self) -> Any:
+    def early_stopping_params(self) -> EarlyStoppingSection | None:
         """The method's early-stopping section, or None when it has none."""
         return None
 

@@ -44,6 +44,7 @@ from coevo.methods.cogr_context import SearchResults, item_description, item_pro
 from coevo.models.prompts import keyword_completion
 
 if TYPE_CHECKING:  # types only: the generator module pulls in torch and transformers
+    from coevo.config import CoGREarlyStopping
     from coevo.models.generator import Generator
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ class CoGR(Method):
         self._snippets: dict[str, list[str]] = {}
 
     @property
-    def early_stopping_params(self):
+    def early_stopping_params(self) -> CoGREarlyStopping:
         return self.cfg.early_stopping
 
     # ------------------------------------------------------------------ layout

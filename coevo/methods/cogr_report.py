@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo import report
 from coevo.io import read_json, write_json, write_text
 from coevo.methods.base import MONITOR_SPLIT
+
+if TYPE_CHECKING:
+    from coevo.methods.cogr import CoGR
 
 PHASE_COLUMNS = (
     "phase", "name", "kind", "round", "f1", "precision", "recall", "recall@100", "ndcg@10", "mrr@100",
@@ -33,7 +36,7 @@ def phase_row(record: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def write_cogr_reports(run: Any, metrics_file: Path, plots_csv: Path, report_dir: Path, final: Mapping[str, Any],
+def write_cogr_reports(run: CoGR, metrics_file: Path, plots_csv: Path, report_dir: Path, final: Mapping[str, Any],
                        baselines: Mapping[str, Any]) -> list[str]:
     history = run.rows()
     report.write_csv([phase_row(r) for r in history], plots_csv, columns=PHASE_COLUMNS)

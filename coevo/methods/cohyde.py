@@ -40,7 +40,7 @@ import random
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,6 +48,9 @@ from coevo.config import CoHyDEParams, Params
 from coevo.data.render import FORMATS, render_tool
 from coevo.io import jsonable, read_json, write_json
 from coevo.methods.base import MONITOR_SPLIT, Method, Phase
+
+if TYPE_CHECKING:
+    from coevo.config import CoHyDEEarlyStopping
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,7 @@ def searched_text(query: str, description: str, encode: str) -> str:
     raise ValueError(f"unknown cohyde.encode {encode!r}: expected description or query_and_description")
 
 
-def query_group(group: Any) -> str:
+def query_group(group: object) -> str:
     """Group prefix used for reporting: ``G1_instruction`` -> ``G1`` (missing -> ``all``)."""
     if not isinstance(group, str) or not group.strip():
         return "all"
@@ -126,7 +129,7 @@ class CoHyDE(Method):
         self._loaded_generator: tuple[str, Any] | None = None
 
     @property
-    def early_stopping_params(self):
+    def early_stopping_params(self) -> CoHyDEEarlyStopping:
         return self.cfg.early_stopping
 
     # ---------------------------------------------------------------- phases

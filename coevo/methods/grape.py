@@ -440,7 +440,7 @@ class Grape(Method):
         generator.save(self.generator_dir)
         return summary
 
-    def _monitor_callback(self, generator: Any, split: str):
+    def _monitor_callback(self, generator: Generator, split: str):
         from transformers import TrainerCallback
 
         run = self

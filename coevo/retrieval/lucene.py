@@ -25,11 +25,14 @@ import os
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo.io import atomic_path
 from coevo.retrieval.bm25 import BM25_B, BM25_K1
 from coevo.retrieval.keywords import normalize_keyword
+
+if TYPE_CHECKING:
+    from coevo.data.schema import Dataset
 
 _INCUBATOR = "jdk.incubator.vector"
 _lock = threading.Lock()
@@ -204,7 +207,7 @@ def search_keywords(
         searcher.close()
 
 
-def item_documents(dataset: Any) -> Iterable[tuple[str, str]]:
+def item_documents(dataset: Dataset) -> Iterable[tuple[str, str]]:
     """``(item_id, title + " " + text)`` per item: what the BM25 baseline indexes (a null
     or empty text leaves the title alone; an empty title is not filled from the text)."""
     items = dataset.items
@@ -215,7 +218,7 @@ def item_documents(dataset: Any) -> Iterable[tuple[str, str]]:
 
 
 def bm25_rankings(
-    dataset: Any,
+    dataset: Dataset,
     splits: Sequence[str] = ("test",),
     k: int = 1000,
     *,
@@ -242,7 +245,7 @@ def bm25_rankings(
 
 
 def bm25_baseline(
-    dataset: Any,
+    dataset: Dataset,
     split: str = "test",
     k: int = 1000,
     *,

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # types only: importing them here would pull in heavy librari
     from coevo.config import Params
     from coevo.data.schema import Dataset
     from coevo.methods.base import Method
+    from coevo.models.generator import Generator
 
 FORMAT_VERSION = 1
 FILES = {
@@ -121,7 +122,7 @@ class Retriever(ABC):
     #: the pip packages query time imports beyond torch/transformers/mlflow (the MLflow model's requirements)
     requirements: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, manifest: Mapping[str, Any], items: pd.DataFrame, generator: Any,
+    def __init__(self, manifest: Mapping[str, Any], items: pd.DataFrame, generator: Generator | None,
                  params: Mapping[str, Any] | None = None) -> None:
         self.manifest = dict(manifest)
         self.settings: dict[str, Any] = dict(self.manifest["settings"])

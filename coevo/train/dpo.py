@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coevo.config import DPOParams
 from coevo.io import write_json
@@ -26,6 +26,9 @@ from coevo.train.common import (
     step_callbacks,
     trainer_device_args,
 )
+
+if TYPE_CHECKING:
+    from coevo.models.generator import Generator
 
 _KEYS = ("prompt", "chosen", "rejected")
 
@@ -51,7 +54,7 @@ def _is_peft(model: Any) -> bool:
 
 
 def train_dpo(
-    generator: Any,
+    generator: Generator,
     pairs: Sequence[Mapping[str, str]],
     params: DPOParams,
     beta: float,
