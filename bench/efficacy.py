@@ -310,6 +310,7 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
     term.say("params: " + " + ".join(str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in overlays)
              + (f"  --set {' '.join(args.overrides)}" if args.overrides else ""))
     pipe = Pipeline(args.method, params)
+    pipe.record_params()  # the run folder says how it was trained: `coevo search -m` and `coevo evaluate` read it
     pipe.prepare().run()
     pipe.validate().run()
     counts = json.loads((pipe.layout.processed / "dataset.json").read_text()).get("counts", {})

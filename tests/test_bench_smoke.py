@@ -204,6 +204,11 @@ def test_efficacy(tmp_path):
                       timeout=600)
     assert re.fullmatch(rf"cogr_gain_ci_low={FLOAT}", lines[-2]), lines[-2]
     assert (tmp_path / "out" / "curves.png").is_file()
+    from coevo.config import load_params  # the run folder carries what it was trained with, --set included
+
+    recorded = load_params([tmp_path / "out" / "data" / "models" / "cogr" / "cogr_efficacy" / "params.yaml"])
+    assert (recorded.seed, recorded.data.dataset, recorded.data.vague, recorded.cogr.generator, recorded.cogr.rounds) == (
+        42, "cogr_efficacy", "test_copy", "tiny", 1)
     last_line(lines, rf"cogr_vs_baseline_ci_low={FLOAT}")
     # Its MLflow run charted the phases as a flow's run does: trainer steps, then each phase's val metrics.
     from mlflow.tracking import MlflowClient
