@@ -33,6 +33,7 @@ SMOKED = {
     "rank_reward.py": "test_rank_reward",
     "cohyde_round.py": "test_cohyde_round",
     "train_step.py": "test_train_step",
+    "sft_step.py": "test_sft_step",
     "scale_out.py": "test_scale_out",
     "serve.py": "test_serve",
     "pipeline_overhead.py": "test_pipeline_overhead",
@@ -122,6 +123,18 @@ def test_train_step(tmp_path):
     lines = run_bench(script("train_step.py", "--models", "tiny", "--isa", "native", "--steps", "1"), timeout=600,
                       env={"TMPDIR": str(tmp_path)})
     last_line(lines, rf"coevo_step_vs_raw_tiny_native={FLOAT}")
+
+
+@pytest.mark.slow
+def test_sft_step(tmp_path):
+    """CoGR's SFT examples from the real seed phase, one step of each variant, ratios against coevo's."""
+    lines = run_bench(script("sft_step.py", "--model", "tiny", "--steps", "1", "--variants", "group_by_length",
+                             "--variant", "lr_low=cogr.sft.learning_rate=1e-4"), timeout=600, env={"TMPDIR": str(tmp_path)})
+    assert re.fullmatch(rf"sft_examples_per_s_ratio_group_by_length_native={FLOAT}", lines[-2]), lines[-2]
+    last_line(lines, rf"sft_examples_per_s_ratio_lr_low_native={FLOAT}")
+    bad = subprocess.run(script("sft_step.py", "--model", "tiny", "--variant", "typo=cogr.sft.learning_rat=1"),
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("sft_step: variant typo: ")
 
 
 @pytest.mark.slow

@@ -1,0 +1,260 @@
+"""CoGR's SFT on CPU: examples/s and trained tokens/s of coevo's settings and of each lever, next to
+the raw forward+backward of the same batches.
+
+The examples are CoGR's own SFT targets on the committed MetaTool sample: the seed phase of the
+real pipeline (``params/cpu.yaml``: extractive seeds) writes the query and item keyword sets, and
+each example is the method's prompt with its keyword completion, as ``CoGR.sft`` builds them. Each
+variant is a set of ``--set`` overrides on ``params.yaml + params/cpu.yaml`` and runs in a fresh
+subprocess (its own peak memory, its ``ONEDNN_MAX_CPU_ISA``) on one torch thread:
+
+- ``coevo``: the SFT of ``params/cpu.yaml`` as the efficacy runs train it (the baseline of every ratio);
+- ``group_by_length``: batches of similar length (transformers' ``train_sampling_strategy``), so
+  less padding is computed; the examples seen per epoch are the same;
+- ``batch_16``: 16 examples per step instead of 8 (half the optimizer steps per epoch);
+- any other as ``--variant NAME=KEY=VALUE[,KEY=VALUE...]``.
+
+Per variant: seconds per step (the mean over ``--steps`` steps after one warm-up step), examples/s,
+trained (non-pad) tokens/s, the padded share of randomly drawn batches (what ``group_by_length``
+can save), peak RSS, and the raw forward+backward of one padded batch of the same examples
+(``raw s``: through the LoRA model in the precision training uses, timed before and after
+training) with ``step / raw``.
+The machine may be shared: compare the ratios of one run, not seconds across runs.
+
+    .venv/bin/python bench/sft_step.py                          # smollm2-135m, native ISA, 3 variants
+    .venv/bin/python bench/sft_step.py --isa native avx2 --steps 8
+    .venv/bin/python bench/sft_step.py --model tiny --steps 2   # seconds: the smoke run
+
+The last lines are ``sft_examples_per_s_ratio_<variant>_<isa>=<x>``: the variant's examples/s over
+``coevo``'s, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+ISAS = {"native": None, "avx2": "AVX2"}
+VARIANTS: dict[str, list[str]] = {
+    "coevo": [],
+    "group_by_length": ["cogr.sft.trl.train_sampling_strategy=group_by_length"],
+    "batch_16": ["cogr.sft.batch_size=16"],
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m", help="cogr.generator of every variant (tiny: the smoke run)")
+    parser.add_argument("--isa", nargs="+", default=["native"], choices=list(ISAS),
+                        help="avx2 runs the kernels of a CPU without native bf16 (ONEDNN_MAX_CPU_ISA=AVX2)")
+    parser.add_argument("--side", choices=("query", "item"), default="query",
+                        help="which generator's SFT examples (CoGR trains both; the query side's are most of them)")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="measured optimizer steps per variant after one warm-up step; 0: one whole epoch, "
+                             "every step counted (what an SFT phase pays, and fair to group_by_length, whose "
+                             "sampler puts the longest batch first)")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help=f"built-in variants: {', '.join(VARIANTS)}")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE...]",
+                        help="another variant: --set overrides on params.yaml + params/cpu.yaml")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--overrides", default="[]", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps < 0:
+        parser.error("--steps must be 0 (one epoch) or more")
+    return args
+
+
+def custom_variants(specs: list[str]) -> dict[str, list[str]]:
+    variants: dict[str, list[str]] = {}
+    for spec in specs:
+        name, sep, settings = spec.partition("=")
+        if not sep or not name or "=" not in settings:
+            raise SystemExit(f"sft_step: --variant {spec!r} is not NAME=KEY=VALUE[,KEY=VALUE...]")
+        variants[name] = settings.split(",")
+    return variants
+
+
+# ------------------------------------------------------------------------------------ worker
+def sft_examples(project: Path, model: str, overrides: list[str], side: str) -> tuple[Any, list[dict[str, Any]]]:
+    """(the CoGR run, its SFT examples of one side) from the real seed phase on the committed sample."""
+    from coevo.config import load_params
+    from coevo.models.prompts import keyword_completion
+    from coevo.pipeline import Pipeline
+
+    shutil.copytree(ROOT / "data" / "sample" / "metatool", project / "source")
+    os.chdir(project)
+    params = load_params([ROOT / "params.yaml", ROOT / "params" / "cpu.yaml"],
+                         ["data.dataset=sft_bench", "data.loader=metatool", f"data.source={project / 'source'}",
+                          f"cogr.generator={model}", *overrides])
+    pipe = Pipeline("cogr", params)
+    pipe.prepare().run()
+    pipe.validate().run()
+    method = pipe.method
+    method.run_phase("seed")
+    item_sets, query_sets = method.seed_targets()
+    if side == "query":  # as CoGR.sft: the train queries that have seed keywords
+        targets = {q: k for q, k in query_sets.items() if k and q in method.train_qrels}
+        prompts = method._query_prompts(list(targets))
+    else:
+        targets = item_sets
+        prompts = method._item_prompts(list(targets))
+    examples = [{"prompt": p, "completion": keyword_completion(k)} for p, k in zip(prompts, targets.values())]
+    return method, examples
+
+
+def token_lengths(generator: Any, examples: list[dict[str, Any]]) -> list[int]:
+    """Tokens of each example as SFT sees it: the chat-templated prompt and completion."""
+    tokenizer = generator.tokenizer
+    return [len(tokenizer(tokenizer.apply_chat_template(e["prompt"] + e["completion"], tokenize=False),
+                          add_special_tokens=False)["input_ids"]) for e in examples]
+
+
+def pad_share(lengths: list[int], batch_size: int, seed: int = 0) -> float:
+    """The share of padding in batches drawn at random (a seeded shuffle), as the default sampler draws them."""
+    import random
+
+    order = list(lengths)
+    random.Random(seed).shuffle(order)
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return 1.0 - sum(map(sum, batches)) / sum(len(b) * max(b) for b in batches)
+
+
+def raw_forward_backward(generator: Any, examples: list[dict[str, Any]], batch_size: int) -> float:
+    """Seconds of one raw forward+backward of a padded batch of ``examples`` in the precision
+    training uses (bf16 autocast where the trainer would use it)."""
+    import torch
+
+    from coevo.train.common import trainer_device_args
+
+    texts = [generator.tokenizer.apply_chat_template(e["prompt"] + e["completion"], tokenize=False)
+             for e in examples[:batch_size]]
+    batch = generator.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    model = generator.model
+    model.train()
+    bf16 = bool(trainer_device_args(0).get("bf16"))
+    started = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        loss = model(**batch, labels=batch["input_ids"]).loss
+    loss.backward()
+    seconds = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)
+    return seconds
+
+
+def measure(model: str, overrides: list[str], side: str, steps: int) -> dict[str, Any]:
+    import torch
+
+    from coevo import progress
+    from coevo.train.sft import train_sft
+
+    torch.set_num_threads(1)
+    workdir = Path(tempfile.mkdtemp(prefix="coevo-sft-bench-"))
+    try:
+        run, examples = sft_examples(workdir / "project", model, overrides, side)
+        sft, seed = run.cfg.sft, run.seed
+        generator = run._new_generator(run.cfg.generator)  # as CoGR.sft creates it: LoRA of params
+        lengths = token_lengths(generator, examples)
+        raw_before = raw_forward_backward(generator, examples, sft.batch_size)
+
+        logged: list[dict[str, float]] = []
+
+        class Steps(progress.StepListener):
+            def training_log(self, series: str, step: int, values: dict[str, float]) -> None:
+                logged.append(values)
+
+        epoch = math.ceil(len(examples) / sft.batch_size)
+        with progress.listening(Steps()):
+            train_sft(generator, examples, sft, workdir / "out", seed, max_steps=steps + 1 if steps else epoch,
+                      what="SFT bench")
+        raw_after = raw_forward_backward(generator, examples, sft.batch_size)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    measured = logged if not steps else logged[1:]  # an epoch counts every step; a window skips the warm-up
+    seconds = sum(v["step_seconds"] for v in measured)
+    # TRL logs the trained (non-pad) tokens so far: the window's own tokens, whatever batches it drew
+    tokens = measured[-1]["num_tokens"] - (logged[0]["num_tokens"] if steps else 0)
+    raw = (raw_before + raw_after) / 2
+    examples_seen = len(examples) if not steps else sft.batch_size * len(measured)
+    return {"examples": len(examples), "batch_size": sft.batch_size, "steps": len(measured),
+            "step_s": seconds / len(measured), "examples_per_s": examples_seen / seconds, "tokens_per_s": tokens / seconds,
+            "mean_tokens": statistics.mean(lengths), "pad_share": pad_share(lengths, sft.batch_size),
+            "raw_s": raw, "step_vs_raw": seconds / len(measured) / raw,
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+
+def run_worker(name: str, overrides: list[str], args: argparse.Namespace, isa: str) -> dict[str, Any]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="1")
+    if ISAS[isa]:
+        env["ONEDNN_MAX_CPU_ISA"] = ISAS[isa]
+    cmd = [sys.executable, __file__, "--worker", name, "--model", args.model, "--side", args.side,
+           "--steps", str(args.steps), "--overrides", json.dumps(overrides)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"sft_step: variant {name} on {isa} failed (exit {proc.returncode})")
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(measure(args.model, json.loads(args.overrides), args.side, args.steps)))
+        return 0
+    unknown = [v for v in args.variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"sft_step: unknown variant(s) {', '.join(unknown)}; built in: {', '.join(VARIANTS)} "
+                         f"(others: --variant NAME=KEY=VALUE)")
+    variants = {"coevo": [], **{v: VARIANTS[v] for v in args.variants}, **custom_variants(args.variant)}
+    from coevo.config import load_params
+
+    for name, overrides in variants.items():  # a bad knob fails here, in one line, before any work
+        try:
+            load_params([ROOT / "params.yaml", ROOT / "params" / "cpu.yaml"], overrides)
+        except ValueError as exc:
+            raise SystemExit(f"sft_step: variant {name}: {exc}") from None
+
+    from rich.console import Console
+    from rich.table import Table
+
+    window = f"{args.steps} steps after a warm-up" if args.steps else "one epoch"
+    table = Table(title=f"CoGR SFT on CPU ({args.model}, {args.side} side, 1 thread; {window})")
+    for column in ("variant", "cpu isa", "step s", "examples/s", "tokens/s", "pad share", "raw s", "step / raw",
+                   "peak MB", "examples/s vs coevo"):
+        table.add_column(column, justify="right")
+    ratios: dict[str, float] = {}
+    for isa in args.isa:
+        base = None
+        for name, overrides in variants.items():
+            r = run_worker(name, overrides, args, isa)
+            base = base or r
+            ratio = r["examples_per_s"] / base["examples_per_s"]
+            if name != "coevo":
+                ratios[f"{name}_{isa}"] = ratio
+            Console(stderr=True).print(f"{name} {isa}: {json.dumps(r)}", highlight=False)
+            table.add_row(name, isa, f"{r['step_s']:.2f}", f"{r['examples_per_s']:.2f}", f"{r['tokens_per_s']:.0f}",
+                          f"{r['pad_share']:.2f}", f"{r['raw_s']:.2f}", f"{r['step_vs_raw']:.2f}",
+                          f"{r['peak_mb']:.0f}", f"{ratio:.2f}")
+    Console(width=160).print(table)
+    for name, ratio in ratios.items():
+        print(f"sft_examples_per_s_ratio_{name}={ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
