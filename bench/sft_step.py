@@ -67,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="measured optimizer steps per variant after one warm-up step; 0: one whole epoch, "
                              "every step counted (what an SFT phase pays, and fair to group_by_length, whose "
                              "sampler puts the longest batch first)")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), help=f"built-in variants: {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS),
+                        help=f"built-in variants besides coevo (none: only --variant ones): {', '.join(VARIANTS)}")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE...]",
                         help="another variant: --set overrides on params.yaml + params/cpu.yaml")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
