@@ -495,9 +495,10 @@ class CoHyDE(Method):
 
     def _require_trained(self, encoder_stage: str, generator_stage: str | None) -> None:
         """Evaluating a stage needs its encoder and rewriter on disk (their phases finished)."""
-        missing = [str(path) for stage, path in ((encoder_stage, self._encoder_dir(encoder_stage)),
-                                                 (generator_stage, self._generator_dir(generator_stage or "")))
-                   if stage not in (None, RAW) and not path.exists()]
+        needed = [] if encoder_stage == RAW else [self._encoder_dir(encoder_stage)]
+        if generator_stage is not None:
+            needed.append(self._generator_dir(generator_stage))
+        missing = [str(path) for path in needed if not path.exists()]
         if missing:
             raise PhaseNotReady(f"{self.run_dir}: cannot evaluate before training: {', '.join(missing)} missing")
 
