@@ -213,10 +213,10 @@ def train_within(pipe: Pipeline, budget_s: float, started: float, term: "Termina
     evaluated = False  # the budget may stop training only once a phase with a val score (a model) exists
     for step in pipe.train_steps():
         name = step.name.split("-", 1)[1]
-        if unit_of(name, names) != unit:
+        if (this_unit := unit_of(name, names)) != unit:
             if unit is not None:
                 last_seconds[kind_of(unit)] = unit_seconds
-            unit, unit_seconds = unit_of(name, names), 0.0
+            unit, unit_seconds = this_unit, 0.0
             elapsed = time.perf_counter() - started
             expected = last_seconds.get(kind_of(unit), 0.0)
             if evaluated and elapsed >= budget_s:
