@@ -39,6 +39,9 @@ def test_every_entry_declares_its_command_and_tolerances():
         assert entry.command.removeprefix("ONEDNN_MAX_CPU_ISA=AVX2 ").startswith("coevo "), entry.id
         assert entry.command.startswith("ONEDNN_MAX_CPU_ISA=AVX2 ") == (entry.numerics == "fp32"), entry.id
         assert all(spec["tolerance"] >= 0 for spec in entry.metrics.values())
+        # the command a person runs sets what the entry's run sets (a pinned knob included)
+        command = " ".join(entry.command.split())
+        assert [s for s in matrix.system(entry.system).get("set") or [] if f"--set {s}" not in command] == [], entry.id
     slow_sources = {matrix.dataset(e.dataset)["source"] for e in matrix.entries if e.tier == "slow" and not e.numerics}
     assert all(s.startswith("../shared/data/") for s in slow_sources)
     # Entries that train real models are keyed by numerics, recorded for both kinds of CPU.
