@@ -1,4 +1,5 @@
-"""Benchmark one CoHyDE round on CPU: time and peak memory of S2, S3, S4 (sampling, scoring), DPO.
+"""Benchmark one CoHyDE round on CPU: time and peak memory of its sub-phases S2, S3, S4 (sampling,
+scoring, mining) and DPO, each run by the method's own phase runner.
 
 Also measures dense search throughput: the faiss flat inner-product index against a
 brute-force numpy search (matrix product + top-k selection) on the same vectors, printed
@@ -86,7 +87,8 @@ def bench_round(generator: str, dataset: Path, queries: int, max_new_tokens: int
     import torch
 
     from coevo.config import load_params
-    from coevo.methods.cohyde import CoHyDE
+    from coevo.io import read_json
+    from coevo.methods.cohyde import CoHyDE, sub_phase
 
     torch.set_num_threads(1)
     params = load_params(params_path, [
@@ -99,24 +101,23 @@ def bench_round(generator: str, dataset: Path, queries: int, max_new_tokens: int
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"cohyde-bench-{generator}-") as folder:
         run = CoHyDE(folder, params, dataset)
-        # The phases a round reads (untimed): S1a and S1b, through the method's own runner.
-        run.run_phase("s1a")
-        run.run_phase("s1b")
+        # The phases a round reads (untimed): S1a, S1b and vanilla HyDE, through the method's own runner.
+        for phase in ("s1a", "s1b", "hyde"):
+            run.run_phase(phase)
         for stage, fn in (
-            ("S2 generate", lambda: run.s2(1)),
-            ("S3 encoder + index", lambda: run.s3(1)),
-            ("S4 sample", lambda: run.s4_sample(1)),
-            ("S4 score", lambda: run.s4_score(1)),
-            ("DPO", lambda: run.dpo(1)),
+            ("S2 generate", lambda: run.run_phase(sub_phase(1, "s2"))),
+            ("S3 encoder + index", lambda: run.run_phase(sub_phase(1, "s3"))),
+            ("S4 sample + score", lambda: run.run_phase(sub_phase(1, "s4"))),
+            ("DPO", lambda: run.dpo(1)),  # the round phase's training, without its val evaluation
         ):
             seconds, peak, growth = measure(fn)
             rows.append({"generator": generator, "stage": stage, "seconds": seconds, "peak_mib": peak,
                          "growth_mib": growth})
             if stage.startswith("S3"):
-                train = run.s3(1)["encoder"]["seconds"]
+                train = run.result(sub_phase(1, "s3"))["encoder"]["seconds"]
                 rows.append({"generator": generator, "stage": "  of which training", "seconds": train,
                              "peak_mib": float("nan"), "growth_mib": float("nan")})
-        pairs = run.s4_score(1)["mining"]["pairs"]
+        pairs = run.result(sub_phase(1, "s4"))["mining"]["pairs"]
         if pairs == 0:
             # Every query's samples tied (a noise-writing `tiny` scores 0 everywhere), so the round
             # skipped DPO. Time DPO anyway on first-vs-last sample pairs: its cost depends on the
@@ -125,7 +126,7 @@ def bench_round(generator: str, dataset: Path, queries: int, max_new_tokens: int
             from coevo.train.dpo import train_dpo
 
             generator = run.rewriter("s1b")
-            samples = run.s4_sample(1)
+            samples = read_json(Path(folder) / "round_1" / "s4_samples.json")["samples"]
             timing_pairs = [
                 {"prompt": generator.render(rewriter_messages(q["text"])), "chosen": s[0], "rejected": s[-1]}
                 for q, s in zip(run.train_queries(), samples) if s[0] != s[-1]

@@ -43,7 +43,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -195,27 +195,40 @@ def kind_of(name: str) -> str:
     return tail if head.isdigit() else head
 
 
+def unit_of(name: str, phases: Sequence[str]) -> str:
+    """The phase a sub-phase belongs to (CoHyDE's ``round_2_s3`` -> ``round_2``), else ``name``: the
+    budget decides before a unit's first sub-phase, never inside it (half a round trains nothing)."""
+    return next((p for p in phases if p != name and name.startswith(p + "_")), name)
+
+
 def train_within(pipe: Pipeline, budget_s: float, started: float, term: "Terminal", headline: str,
                  phase_done: Callable[[], None] | None = None) -> tuple[list[str], str]:
     """Run the pending phases while the budget lasts, calling ``phase_done()`` after each; returns
-    (phases run here, why training stopped)."""
+    (phases run here, why training stopped). A phase starts only when the last phase of its kind
+    (a whole round, for CoHyDE's sub-phases) says it fits."""
+    names = [p.name for p in pipe.method.phases()]
     last_seconds: dict[str, float] = {}
     ran = []
+    unit, unit_seconds = None, 0.0
     evaluated = False  # the budget may stop training only once a phase with a val score (a model) exists
     for step in pipe.train_steps():
         name = step.name.split("-", 1)[1]
-        elapsed = time.perf_counter() - started
-        expected = last_seconds.get(kind_of(name), 0.0)
-        if evaluated and elapsed >= budget_s:
-            return ran, f"budget spent before {name}"
-        if evaluated and elapsed + expected > budget_s:
-            return ran, (f"budget: {name} would end near {(elapsed + expected) / 60:.0f} min "
-                         f"(the last {kind_of(name)} phase took {expected / 60:.1f} min)")
+        if unit_of(name, names) != unit:
+            if unit is not None:
+                last_seconds[kind_of(unit)] = unit_seconds
+            unit, unit_seconds = unit_of(name, names), 0.0
+            elapsed = time.perf_counter() - started
+            expected = last_seconds.get(kind_of(unit), 0.0)
+            if evaluated and elapsed >= budget_s:
+                return ran, f"budget spent before {unit}"
+            if evaluated and elapsed + expected > budget_s:
+                return ran, (f"budget: {unit} would end near {(elapsed + expected) / 60:.0f} min "
+                             f"(the last {kind_of(unit)} phase took {expected / 60:.1f} min)")
         was_done = step.done()
         began = time.perf_counter()
         record = step.run()
         seconds = time.perf_counter() - began
-        last_seconds[kind_of(name)] = record.get("seconds", seconds) if was_done else seconds
+        unit_seconds += record.get("seconds", seconds) if was_done else seconds
         ran.append(name)
         evaluated = evaluated or bool(record.get("eval"))
         term.say(("(reused) " if was_done else "") + phase_line({"name": name, **record}, headline, seconds))

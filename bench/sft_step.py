@@ -42,10 +42,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+if TYPE_CHECKING:
+    from coevo.models.generator import Generator
 
 ISAS = {"native": None, "avx2": "AVX2"}
 VARIANTS: dict[str, list[str]] = {
@@ -117,7 +120,7 @@ def sft_examples(project: Path, model: str, overrides: list[str], side: str) -> 
     return method, examples
 
 
-def token_lengths(generator: Any, examples: list[dict[str, Any]]) -> list[int]:
+def token_lengths(generator: Generator, examples: list[dict[str, Any]]) -> list[int]:
     """Tokens of each example as SFT sees it: the chat-templated prompt and completion."""
     tokenizer = generator.tokenizer
     return [len(tokenizer(tokenizer.apply_chat_template(e["prompt"] + e["completion"], tokenize=False),
@@ -134,7 +137,7 @@ def pad_share(lengths: list[int], batch_size: int, seed: int = 0) -> float:
     return 1.0 - sum(map(sum, batches)) / sum(len(b) * max(b) for b in batches)
 
 
-def raw_forward_backward(generator: Any, examples: list[dict[str, Any]], batch_size: int) -> float:
+def raw_forward_backward(generator: Generator, examples: list[dict[str, Any]], batch_size: int) -> float:
     """Seconds of one raw forward+backward of a padded batch of ``examples`` in the precision
     training uses (bf16 autocast where the trainer would use it)."""
     import torch

@@ -275,19 +275,24 @@ def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overr
 
 
 MAX_RECORD_BYTES = 1_000_000  # a training record is small; larger JSON files hold samples or keyword sets
+MODEL_FOLDER_MARKERS = ("config.json", "generator.json", "manifest.json")  # an HF model, a coevo generator, an index
 
 
 def _written_records(run_dir: Path, writes: Sequence[str]) -> dict[str, float]:
-    """The numbers of the JSON records a phase wrote directly into its output folders (CoHyDE's
-    ``round_1/dpo.json``, ``round_1/s3.json``: DPO pairs, reward accuracy, encoder loss), named
-    ``<file stem>/<path>``; model folders below them are not read."""
+    """The numbers of the JSON records a phase wrote: its JSON outputs (CoHyDE's ``round_1/dpo.json``,
+    ``round_1/s3.json``: DPO pairs, reward accuracy, encoder loss) and those directly in its output
+    folders (``s1a/s1a.json``), named ``<file stem>/<path>``; model folders below them are not read."""
     import json
 
     out: dict[str, float] = {}
-    for folder in (run_dir / w for w in writes):
-        if not folder.is_dir():
-            continue
-        for file in sorted(folder.glob("*.json")):
+    for output in (run_dir / w for w in writes if not w.startswith("eval/")):  # evaluations are the val/ figures
+        if output.is_dir():  # a model's or an index's own folder (its config, its manifest) holds no training record
+            files = [] if any((output / marker).exists() for marker in MODEL_FOLDER_MARKERS) else sorted(output.glob("*.json"))
+        else:
+            files = [output] if output.suffix == ".json" else []
+        for file in files:
+            if not file.is_file():
+                continue
             if file.stat().st_size > MAX_RECORD_BYTES:
                 continue
             record = json.loads(file.read_text())

@@ -1,5 +1,5 @@
 """CoHyDE as a Prefect flow: prepare -> validate -> train [raw encoder, S1a encoder, S1b
-rewriter warm-up, vanilla HyDE, then rounds of S2-S4 + DPO with early stopping] -> evaluate
+rewriter warm-up, vanilla HyDE, then rounds of S2, S3, S4, DPO and val with early stopping] -> evaluate
 [the round chosen on val on the test split, per-group reports, one MLflow run]."""
 
 from __future__ import annotations

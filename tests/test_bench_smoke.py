@@ -112,7 +112,7 @@ def test_cohyde_round(tmp_path):
                              "--max-new-tokens", "8", "--warmup-examples", "4", "--search-items", "200",
                              "--search-queries", "20", "--repeats", "1"), timeout=600)
     stages = [line.split(None, 1)[1].rsplit(None, 5)[0].strip() for line in lines if line.startswith("tiny ")]
-    for stage in ("S2 generate", "S3 encoder + index", "S4 sample", "S4 score", "DPO"):
+    for stage in ("S2 generate", "S3 encoder + index", "S4 sample + score", "DPO"):  # the round's sub-phases
         assert stage in stages, (stage, stages)
     assert re.search(r"^\s+200\s+20\s+384\s+5\s.*x\s+1\.000$", "\n".join(lines), re.M)  # faiss == numpy top-1
     last_line(lines, rf"faiss_vs_numpy={FLOAT}")

@@ -140,7 +140,9 @@ def test_one_tiny_round_end_to_end(tmp_path):
     folder = tmp_path / "run"
     # Training, evaluation and round selection read train and val; never test.
     assert "test" not in asked and "val" in asked
-    assert [p.name for p in run.phases()] == [RAW, S1A, "s1b", HYDE, "round_1"]
+    # a round is five stamped phases: S2, S3, S4, DPO, then its val evaluation
+    assert [p.name for p in run.phases()] == [RAW, S1A, "s1b", HYDE, "round_1_s2", "round_1_s3", "round_1_s4",
+                                              "round_1_dpo", "round_1"]
     assert all(run.is_done(p.name) for p in run.phases())
     assert [r["name"] for r in rows] == [RAW, S1A, HYDE, "round_1"]
     for row in rows:
@@ -176,7 +178,9 @@ def test_one_tiny_round_end_to_end(tmp_path):
         assert pair["rejected_score"] == pytest.approx(scores[q].min())
         assert pair["chosen_score"] > pair["rejected_score"]
         assert pair["chosen"] in samples[q] and pair["rejected"] in samples[q]
-    assert json.loads((folder / "round_1" / "done.json").read_text())["dpo"]["pairs"] == len(pairs)
+    assert json.loads((folder / "round_1" / "dpo.json").read_text())["pairs"] == len(pairs)
+    assert run.result("round_1_s4")["mining"] == mining and run.result("round_1_s2")["descriptions"] == len(queries)
+    assert not list(folder.rglob("done.json"))  # no marker beside the stamps: one checkpoint mechanism
 
     # Indexes: one per encoder version, complete corpus, verified on load, contents differ.
     n_items = len(run.items)
@@ -220,11 +224,13 @@ def test_one_tiny_round_end_to_end(tmp_path):
         ablation = CoHyDE(folder, _params(*TINY_ROUND, f"cohyde.eval_pairing={pairing}"), dataset_dir)
         result = ablation.evaluate("round_1", store=False)
         assert (result["encoder"], result["rewriter"]) == (encoder, rewriter)
-        assert not ablation.is_done("round_1")  # the pairing is part of the round's key
+        assert not ablation.is_done("round_1")  # the pairing is part of the round's evaluation key
+        assert ablation.is_done("round_1_dpo")  # and not of its training
         assert ablation.stages("round_1") == (encoder, rewriter)  # what serving loads
-    # What is encoded is part of vanilla HyDE's and every round's key, not of S1a's or S1b's.
+    # What is encoded is part of vanilla HyDE's and every round's key from S3 on, not of S1a's, S1b's or S2's
+    # (S2 writes the descriptions alone).
     both = CoHyDE(folder, _params(*TINY_ROUND, "cohyde.encode=query_and_description"), dataset_dir)
-    assert [p.name for p in both.phases() if both.is_done(p.name)] == [RAW, S1A, "s1b"]
+    assert [p.name for p in both.phases() if both.is_done(p.name)] == [RAW, S1A, "s1b", "round_1_s2"]
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*") if p.is_file()} == stamps
 
 
@@ -240,6 +246,34 @@ def test_the_encoder_embeds_the_description_or_the_query_followed_by_it():
 
 
 
+@pytest.mark.slow
+def test_a_round_interrupted_in_s4_resumes_there_and_keeps_s2_and_s3(tmp_path, monkeypatch):
+    """One checkpoint mechanism: S2 and S3 are stamped phases, so a failure in S4 leaves them done
+    and the next run starts at S4; nothing beside the stamps marks progress."""
+    from coevo.methods.cohyde import CoHyDE
+
+    dataset_dir = _small_stabletoolbench(tmp_path)
+    params = _params(*TINY_ROUND)
+    folder = tmp_path / "run"
+    original = CoHyDE.s4
+
+    def interrupted(self, r):
+        raise KeyboardInterrupt("killed in S4")
+
+    monkeypatch.setattr(CoHyDE, "s4", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        CoHyDE(folder, params, dataset_dir).run()
+    run = CoHyDE(folder, params, dataset_dir)
+    assert [p.name for p in run.phases() if run.is_done(p.name)] == ["raw", "s1a", "s1b", "hyde", "round_1_s2",
+                                                                     "round_1_s3"]
+    kept = {p: p.stat().st_mtime_ns for p in (folder / "round_1").rglob("*") if p.is_file()}
+    ran = []
+    monkeypatch.setattr(CoHyDE, "s4", lambda self, r: ran.append(r) or original(self, r))
+    run.run()
+    assert ran == [1] and all(run.is_done(p.name) for p in run.phases())
+    assert all(path.stat().st_mtime_ns == mtime for path, mtime in kept.items())  # S2's and S3's outputs untouched
+
+
 def test_no_val_query_with_a_relevant_tool_fails_at_the_first_phase(tmp_path):
     from coevo.methods.cohyde import CoHyDE
 
@@ -252,16 +286,20 @@ def test_no_val_query_with_a_relevant_tool_fails_at_the_first_phase(tmp_path):
 
 
 def test_bad_stage_and_round_are_named(tmp_path):
-    from coevo.methods.cohyde import CoHyDE
+    from coevo.methods.cohyde import CoHyDE, parse_round_phase
 
     params = _params("cohyde.rounds=2")
     run = CoHyDE(tmp_path / "run", params, tmp_path / "missing")
-    with pytest.raises(ValueError, match="unknown phase 'round_x'; phases: raw, s1a, s1b, hyde, round_1, round_2"):
+    with pytest.raises(ValueError, match="unknown phase 'round_x'; phases: raw, s1a, s1b, hyde, round_1_s2, round_1_s3, "
+                                         "round_1_s4, round_1_dpo, round_1, round_2_s2, .*, round_2_dpo, round_2$"):
         run.phase("round_x")
     with pytest.raises(ValueError, match="unknown phase 'round_3'"):
         run.run_phase("round_3")
     with pytest.raises(ValueError, match="numbered from 1"):
-        run.round(0)
+        run.s2(0)
+    with pytest.raises(ValueError, match="not a CoHyDE round phase: 'round_1_s5'"):
+        parse_round_phase("round_1_s5")
+    assert parse_round_phase("round_2_s3") == (2, "s3") and parse_round_phase("round_12") == (12, "eval")
     with pytest.raises(FileNotFoundError, match="dataset folder does not exist"):
         run.s1a()
     assert not os.path.exists(tmp_path / "run" / "s1a")

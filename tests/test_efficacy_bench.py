@@ -62,11 +62,33 @@ def _step(name, clock, seconds, ran):
     return SimpleNamespace(name=f"cogr-{name}", run=run, done=lambda: False)
 
 
+def _pipe(durations, clock, ran):
+    phases = [SimpleNamespace(name=n) for n in durations]
+    return SimpleNamespace(train_steps=lambda: (_step(n, clock, s, ran) for n, s in durations.items()),
+                           method=SimpleNamespace(phases=lambda: phases))
+
+
+def test_a_round_of_sub_phases_is_budgeted_as_one_phase(efficacy, monkeypatch):
+    """CoHyDE's round is five phases: the budget decides before its S2 from the last whole round, never inside it."""
+    clock, ran = _Clock(), []
+    monkeypatch.setattr(efficacy.time, "perf_counter", clock)
+    rounds = {f"round_{r}{part}": s for r in (1, 2) for part, s in
+              (("_s2", 100), ("_s3", 100), ("_s4", 100), ("_dpo", 100), ("", 50))}
+    pipe = _pipe({"hyde": 10, **rounds}, clock, ran)
+    term = SimpleNamespace(say=lambda message: None)
+    # round 1 ends at 460 s; round 2 would end at 910 s > 700: stop before its S2, not after its S2 (560 < 700)
+    done, why = efficacy.train_within(pipe, 700, 0.0, term, "ndcg@5")
+    assert done == ran == ["hyde", *list(rounds)[:5]]
+    assert why == "budget: round_2 would end near 15 min (the last round phase took 7.5 min)"
+    assert efficacy.unit_of("round_12_s3", ["round_1", "round_12_s3", "round_12"]) == "round_12"
+    assert efficacy.unit_of("01_query", ["00_sft", "01_query"]) == "01_query"
+
+
 def test_a_phase_starts_only_when_the_last_one_of_its_kind_says_it_fits(efficacy, monkeypatch):
     clock, ran = _Clock(), []
     monkeypatch.setattr(efficacy.time, "perf_counter", clock)
     durations = {"seed": 1, "00_sft": 100, "01_query": 300, "02_item": 200, "03_query": 300, "04_item": 200}
-    pipe = SimpleNamespace(train_steps=lambda: (_step(n, clock, s, ran) for n, s in durations.items()))
+    pipe = _pipe(durations, clock, ran)
     term = SimpleNamespace(say=lambda message: None)
     # 1000 s: after 04_item (at 901 s)... 03_query would end at 601 + 300 = 901 <= 1000, 04_item at 1101 > 1000.
     done, why = efficacy.train_within(pipe, 1000, 0.0, term, "f1")

@@ -68,13 +68,22 @@ def test_cogr_epoch_knobs_enter_their_side_only():
 
 
 def test_cohyde_ablation_knobs_enter_the_right_phases():
+    """A round is five stamped phases; a knob re-runs the ones that read it and what reads them."""
     base = ["cohyde.rounds=2"]
-    assert _changed("cohyde", base, "cohyde.s1b_warmup=false") == ["s1b", "hyde", "round_1", "round_2"]
+    round_1 = ["round_1_s2", "round_1_s3", "round_1_s4", "round_1_dpo", "round_1"]
+    round_2 = [name.replace("_1", "_2") for name in round_1]
+    assert _changed("cohyde", base, "cohyde.s1b_warmup=false") == ["s1b", "hyde", *round_1, *round_2]
+    # the pairing is how a round is evaluated, not how it trains: only the evaluations re-run
     assert _changed("cohyde", base, "cohyde.eval_pairing=trained_rewriter_s1a_encoder") == ["round_1", "round_2"]
-    assert _changed("cohyde", base, "cohyde.s3_init=previous_round") == ["round_1", "round_2"]
-    assert _changed("cohyde", base, "cohyde.encode=query_and_description") == ["hyde", "round_1", "round_2"]
+    # round 1's S3 starts from S1a either way; round 2's from round 1's encoder
+    assert _changed("cohyde", base, "cohyde.s3_init=previous_round") == round_2[1:]
+    # S2 writes descriptions alone; what S3 trains on and S4 scores is the query with them
+    assert _changed("cohyde", base, "cohyde.encode=query_and_description") == ["hyde", *round_1[1:], *round_2]
+    assert _changed("cohyde", base, "cohyde.dpo_beta=0.2") == [*round_1[3:], *round_2]
+    assert _changed("cohyde", base, "cohyde.num_samples=3") == [*round_1[2:], *round_2]
     run = method_class("cohyde").declared(_params(*base))
-    assert run.phase("round_2").reads == ("s1a", "round_1")  # S3 of round 2 starts from the S1a encoder
+    assert run.phase("round_2_s3").reads == ("round_2_s2", "s1a")  # S3 of round 2 starts from the S1a encoder
+    assert run.phase("round_2_s2").reads == ("round_1_dpo",)  # the rewriter round 1 trained
     assert run._round_inputs(2) == ("round_2", "round_1", "s1a")
     chained = method_class("cohyde").declared(_params(*base, "cohyde.s3_init=previous_round"))
     assert chained._round_inputs(2) == ("round_2", "round_1", "round_1")

@@ -45,7 +45,7 @@ def test_cohyde_flow_logs_per_round_metrics_per_group_and_caches(project: Path):
 
     summary = cohyde_flow(params_path="params.yaml")
     labels = [r["label"] for r in summary["rows"] if r["kind"] != "baseline"]
-    assert labels[:4] == ["raw encoder (val)", "S1a encoder (val)", "vanilla HyDE (val)", "round 1 (S2-S4 + DPO) (val)"]
+    assert labels[:4] == ["raw encoder (val)", "S1a encoder (val)", "vanilla HyDE (val)", "round 1 (val)"]
     assert labels[4:7] == ["raw (test)", "s1a (test)", "hyde (test)"]
     client = MlflowClient(summary["mlflow"]["tracking_uri"])
     run_id = summary["mlflow"]["run_id"]

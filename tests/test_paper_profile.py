@@ -51,7 +51,8 @@ def test_paper_profile_plans_the_papers_phases(paper):
     cogr = [p.name for p in method_class("cogr").declared(paper).phases()]
     assert cogr[:2] == ["seed", "00_sft"] and len(cogr) == 2 + 2 * 5 and cogr[-1] == "10_item"
     cohyde = [p.name for p in method_class("cohyde").declared(paper).phases()]
-    assert cohyde[-3:] == ["round_1", "round_2", "round_3"]
+    assert [name for name in cohyde if name.startswith("round_") and name[6:].isdigit()] == ["round_1", "round_2",
+                                                                                            "round_3"]
     assert [p.name for p in method_class("grape").declared(paper).phases()][-1] == "trained"
 
 

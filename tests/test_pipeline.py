@@ -15,6 +15,9 @@ from coevo.config import load_params
 from coevo.methods.base import early_stopping
 from coevo.steps import is_done, run_stamped, step_key
 
+# CoHyDE's three rounds of the toy params, five stamped phases each (S2, S3, S4, DPO, val)
+ROUND_PHASES = [f"round_{r}{part}" for r in (1, 2, 3) for part in ("_s2", "_s3", "_s4", "_dpo", "")]
+
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> tuple[Path, Path]:
@@ -133,9 +136,9 @@ def test_adding_a_round_keeps_every_finished_phase(toy):
         ("grape", "grape.grpo.learning_rate=1e-3", ["train", "trained"]),
         ("grape", "grape.lora.r=4", ["untrained", "train", "trained"]),
         ("grape", "grape.text_encoder=other", ["index", "raw", "untrained", "train", "trained"]),
-        ("cohyde", "cohyde.dpo_beta=0.2", ["round_1", "round_2", "round_3"]),
-        ("cohyde", "cohyde.warmup.epochs=3", ["s1b", "hyde", "round_1", "round_2", "round_3"]),
-        ("cohyde", "cohyde.encoder_training.epochs=3", ["s1a", "hyde", "round_1", "round_2", "round_3"]),
+        ("cohyde", "cohyde.dpo_beta=0.2", ["round_1_dpo", "round_1", *ROUND_PHASES[5:]]),
+        ("cohyde", "cohyde.warmup.epochs=3", ["s1b", "hyde", *ROUND_PHASES]),
+        ("cohyde", "cohyde.encoder_training.epochs=3", ["s1a", "hyde", *ROUND_PHASES[1:]]),
     ],
 )
 def test_grape_and_cohyde_phases_follow_the_same_rule(toy, method, override, rerun):

@@ -237,6 +237,17 @@ def test_a_phase_s_training_records_become_figures_named_by_file_and_path(tmp_pa
     (stage / "s4_samples.json").write_text(json.dumps({"n": 1, "pad": "x" * repro.MAX_RECORD_BYTES}))
     assert repro._written_records(tmp_path, ["round_1", "eval/round_1.json"]) == {
         "dpo/pairs": 7.0, "dpo/rewards_accuracy": 0.75, "s3/encoder/train_loss": 1.5, "s3/index/items": 3.0}
+    # a JSON record named as an output itself (CoHyDE's sub-phases write round_1/s3.json); evaluations are not read
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "round_1.json").write_text(json.dumps({"ndcg@5": 0.5}))
+    assert repro._written_records(tmp_path, ["round_1/s3.json", "round_1/pairs.json", "eval/round_1.json",
+                                             "round_1/missing.json"]) == {
+        "s3/encoder/train_loss": 1.5, "s3/index/items": 3.0}
+    # an encoder's or an index's folder named as an output: its config and tokenizer files are not records
+    (stage / "encoder").mkdir()
+    (stage / "encoder" / "config.json").write_text(json.dumps({"hidden_size": 384}))
+    (stage / "encoder" / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 1}}}))
+    assert repro._written_records(tmp_path, ["round_1/encoder", "round_1/generator"]) == {}
 
 
 def test_record_keeps_what_another_record_wrote_to_the_file_meanwhile(tmp_path, monkeypatch):

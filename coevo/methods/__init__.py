@@ -107,7 +107,8 @@ register(MethodSpec(
     "cohyde", "coevo.methods.cohyde:CoHyDE",
     params="coevo.config:CoHyDEParams", retriever="coevo.serving.search:CoHyDERetriever", headline="ndcg@5",
     run_help="CoHyDE: co-train a HyDE rewriter (DPO) and a dense encoder, per-group metrics.",
-    train_help="CoHyDE: S1a encoder, S1b rewriter warm-up, then rounds of S2-S4 + DPO with early stopping."))
+    train_help="CoHyDE: S1a encoder, S1b rewriter warm-up, then rounds of S2, S3, S4, DPO and val "
+               "(five stamped phases each) with early stopping."))
 
 load_entry_points()
 

@@ -28,9 +28,17 @@ Layout of ``run_dir``::
     base_generator/            the untrained rewriter (shared start of S1b and vanilla HyDE)
     s1a/encoder/ s1a/index/    encoder checkpoint and its faiss corpus index
     s1b/generator/
-    round_<r>/s2.json  encoder/ index/ s3.json  s4.json pairs.json  generator/  done.json
+    round_<r>/s2.json                          round_<r>_s2: one description per training query
+    round_<r>/encoder/ index/ s3.json          round_<r>_s3: the encoder trained on them, its index
+    round_<r>/s4_samples.json s4.json pairs.json   round_<r>_s4: sampled descriptions, their scores, DPO pairs
+    round_<r>/generator/ dpo.json              round_<r>_dpo: the DPO rewriter
     eval/<stage>.json          val metrics (+ example descriptions)
     stamps/<phase>.json        each finished phase's key and record (coevo.steps)
+
+A round is five phases (S2, S3, S4, DPO, then ``round_<r>``: its val evaluation), each stamped and
+keyed like any other: a run killed inside a round resumes at the sub-phase it was in, and a knob
+re-runs only the sub-phases that read it (``cohyde.dpo_beta`` keeps S2-S4 of round 1;
+``cohyde.eval_pairing`` re-runs the evaluations only).
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from __future__ import annotations
 import logging
 import random
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +55,7 @@ import numpy as np
 from coevo.config import CoHyDEParams, Params
 from coevo.data.render import FORMATS, render_tool
 from coevo.io import jsonable, read_json, write_json
-from coevo.methods.base import MONITOR_SPLIT, Method, Phase
+from coevo.methods.base import MONITOR_SPLIT, Method, Phase, PhaseNotReady
 
 if TYPE_CHECKING:
     from coevo.config import CoHyDEEarlyStopping
@@ -95,6 +103,26 @@ def round_stage(r: int) -> str:
     return f"round_{r}"
 
 
+ROUND_PARTS = ("s2", "s3", "s4", "dpo")
+
+
+def sub_phase(r: int, part: str) -> str:
+    """A sub-phase of round r: ``round_<r>_s2`` (S2), ``_s3``, ``_s4``, ``_dpo``; the round's own name
+    (``round_<r>``) is its val evaluation, the stage reports and serving name."""
+    if part not in ROUND_PARTS:
+        raise ValueError(f"unknown round part {part!r}: expected one of {', '.join(ROUND_PARTS)}")
+    return f"{round_stage(r)}_{part}"
+
+
+def parse_round_phase(name: str) -> tuple[int, str]:
+    """``round_2_s3`` -> (2, "s3"); ``round_2`` -> (2, "eval")."""
+    head, _, rest = name.partition("_")
+    number, _, part = rest.partition("_")
+    if head != "round" or not number.isdigit() or (part and part not in ROUND_PARTS):
+        raise ValueError(f"not a CoHyDE round phase: {name!r}")
+    return int(number), part or "eval"
+
+
 ENCODER_KNOBS = ("encoder", "index_format")
 S1A_KNOBS = (*ENCODER_KNOBS, "encoder_training", "max_train_queries")
 REWRITER_KNOBS = ("generator", "lora", "warmup", "warmup_formats_per_item", "warmup_max_examples", "max_train_queries",
@@ -103,7 +131,6 @@ REWRITER_KNOBS = ("generator", "lora", "warmup", "warmup_formats_per_item", "war
 # round's own; HYDE's rewriter is the untrained one of vanilla HyDE).
 PAIRINGS = {"co_trained": ("round", "round"), "trained_rewriter_s1a_encoder": (S1A, "round"),
             "vanilla_rewriter_co_trained_encoder": ("round", HYDE)}
-NOT_ROUND_KNOBS = ("rounds", "early_stopping")
 
 
 class CoHyDE(Method):
@@ -143,15 +170,37 @@ class CoHyDE(Method):
             Phase(HYDE, "vanilla HyDE", c("max_new_tokens", "encode"), ("eval/hyde.json",), reads=(S1A, "s1b"),
                   monitored=True),
         ]
-        # Every other knob (s3_init and eval_pairing included) is part of the rounds' keys.
-        round_knobs = c(*(n for n in type(self.cfg).model_fields if n not in NOT_ROUND_KNOBS))
         for r in range(1, self.cfg.rounds + 1):
-            reads = (S1A, "s1b", HYDE) if r == 1 else (
-                (S1A, round_stage(r - 1)) if self.cfg.s3_init == "s1a" else (round_stage(r - 1),))
-            out.append(Phase(round_stage(r), f"round {r} (S2-S4 + DPO)", round_knobs,
-                             (round_stage(r), f"eval/{round_stage(r)}.json"), reads=reads, monitored=True,
-                             stoppable=True, resumable=True))
+            out += self._round_phases(r, c)
         return out
+
+    def _round_phases(self, r: int, c: Callable[..., tuple[str, ...]]) -> list[Phase]:
+        """Round ``r`` as five phases, each keyed by the knobs it reads (the rest reach it through
+        ``reads``): S2, S3, S4, DPO, then the round's val evaluation under ``eval_pairing``.
+
+        The rewriter comes from S1b or the previous round's DPO; S3 starts from the S1a encoder or
+        the previous round's (``s3_init``). S2 is stoppable: early stopping skips whole rounds."""
+        stage = round_stage(r)
+        s2, s3, s4, dpo = (sub_phase(r, part) for part in ROUND_PARTS)
+        rewriter = "s1b" if r == 1 else sub_phase(r - 1, "dpo")
+        encoder_start = S1A if r == 1 or self.cfg.s3_init == "s1a" else sub_phase(r - 1, "s3")
+        return [
+            Phase(s2, f"round {r} S2 descriptions", c("max_new_tokens", "max_train_queries"), (f"{stage}/s2.json",),
+                  reads=(rewriter,), stoppable=True, resumable=True),
+            Phase(s3, f"round {r} S3 encoder", c("encoder_training", "encode", "index_format", "max_train_queries"),
+                  (f"{stage}/encoder", f"{stage}/index", f"{stage}/s3.json"), reads=(s2, encoder_start),
+                  resumable=True),
+            Phase(s4, f"round {r} S4 samples and pairs",
+                  c("num_samples", "sample_temperature", "max_new_tokens", "encode", "max_train_queries"),
+                  (f"{stage}/s4_samples.json", f"{stage}/s4.json", f"{stage}/pairs.json"), reads=(s3, rewriter),
+                  resumable=True),
+            Phase(dpo, f"round {r} DPO", c("dpo", "dpo_beta"), (f"{stage}/generator", f"{stage}/dpo.json"),
+                  reads=(s4, rewriter), resumable=True),
+            # The pairing may evaluate with the S1a encoder or vanilla HyDE's rewriter; after HyDE, whose score
+            # the rounds must beat.
+            Phase(stage, f"round {r}", c("eval_pairing", "encode", "max_new_tokens"), (f"eval/{stage}.json",),
+                  reads=(dpo, s3, S1A, HYDE), monitored=True),
+        ]
 
     def _run(self, phase: Phase) -> dict[str, Any]:
         if phase.name == S1A:
@@ -159,7 +208,9 @@ class CoHyDE(Method):
         elif phase.name == "s1b":
             return self.s1b()
         elif phase.name.startswith("round_"):
-            self.round(int(phase.name[6:]))
+            r, part = parse_round_phase(phase.name)
+            if part != "eval":  # S2, S3, S4, DPO: the record is what the step wrote
+                return {"s2": self.s2, "s3": self.s3, "s4": self.s4, "dpo": self.dpo}[part](r)
         overall = self.evaluate(phase.name)["splits"][MONITOR_SPLIT]["overall"]
         return {"stage": phase.name, "eval": {k: float(v) for k, v in overall.items()}}
 
@@ -283,9 +334,6 @@ class CoHyDE(Method):
     # ---------------------------------------------------------------- phases
     def s1a(self) -> dict[str, Any]:
         """S1a: fine-tune the encoder on (query, tool) pairs; build its index."""
-        marker = self._stage_dir(S1A) / "done.json"
-        if marker.exists():
-            return read_json(marker)
         from coevo.train.encoder import train_encoder
 
         self._set_threads()
@@ -296,9 +344,8 @@ class CoHyDE(Method):
                               what="S1a encoder", knob="cohyde.encoder_training")
         self._encoders = {}
         index = self.index(S1A)
-        result = {"stage": S1A, "train_queries": len(queries), "encoder": stats,
-                  "index": index.manifest()}
-        write_json(marker, result)
+        result = {"stage": S1A, "train_queries": len(queries), "encoder": stats, "index": index.manifest()}
+        write_json(self._stage_dir(S1A) / "s1a.json", result)  # the training record beside its encoder (reports)
         return result
 
     def s1b(self) -> dict[str, Any]:
@@ -306,9 +353,6 @@ class CoHyDE(Method):
 
         With ``s1b_warmup: false`` (the "without S1b" ablation) the untrained rewriter is
         saved as S1b's, so the rounds start from it."""
-        marker = self._stage_dir("s1b") / "done.json"
-        if marker.exists():
-            return read_json(marker)
         from coevo.train.sft import train_sft
 
         self._set_threads()
@@ -316,7 +360,7 @@ class CoHyDE(Method):
         if not self.cfg.s1b_warmup:
             generator.save(self._generator_dir("s1b"))
             result = {"stage": "s1b", "examples": 0, "skipped": "cohyde.s1b_warmup = false (ablation)"}
-            write_json(marker, result)
+            write_json(self._stage_dir("s1b") / "s1b.json", result)
             return result
         self._loaded_generator = None  # trained in place below: no longer the base rewriter
         rng = random.Random(self.seed * 1000 + 2)
@@ -332,7 +376,7 @@ class CoHyDE(Method):
         generator.save(self._generator_dir("s1b"))
         self._loaded_generator = ("s1b", generator)
         result = {"stage": "s1b", "examples": len(texts), "sft": jsonable(stats)}
-        write_json(marker, result)
+        write_json(self._stage_dir("s1b") / "s1b.json", result)
         return result
 
     def describe(self, generator, queries: Sequence[Mapping[str, Any]], *, what: str) -> list[str]:
@@ -356,28 +400,24 @@ class CoHyDE(Method):
         prev = round_stage(r - 1)
         return round_stage(r), prev, S1A if self.cfg.s3_init == "s1a" else prev
 
-    def s2(self, r: int) -> list[str]:
+    def s2(self, r: int) -> dict[str, Any]:
         """S2 of round r: one greedy description per training query with the current rewriter."""
         stage, prev_gen, _ = self._round_inputs(r)
-        path = self._stage_dir(stage) / "s2.json"
-        if path.exists():
-            return read_json(path)["descriptions"]
         self._set_threads()
         queries = self.train_queries()
         descriptions = self.describe(self.rewriter(prev_gen), queries, what=f"{stage} S2")
-        write_json(path, {"query_ids": [q["query_id"] for q in queries], "descriptions": descriptions})
-        return descriptions
+        write_json(self._stage_dir(stage) / "s2.json",
+                   {"query_ids": [q["query_id"] for q in queries], "descriptions": descriptions})
+        return {"stage": stage, "descriptions": len(descriptions),
+                "empty_descriptions": sum(not d.strip() for d in descriptions)}
 
     def s3(self, r: int) -> dict[str, Any]:
         """S3 of round r: train the encoder (from S1a or the previous round, ``s3_init``) on
         (description, tool) pairs only; re-index."""
-        stage, _, prev_enc = self._round_inputs(r)
-        path = self._stage_dir(stage) / "s3.json"
-        if path.exists():
-            return read_json(path)
         from coevo.train.encoder import train_encoder
 
-        descriptions = self.s2(r)
+        stage, _, prev_enc = self._round_inputs(r)
+        descriptions = read_json(self._stage_dir(stage) / "s2.json")["descriptions"]
         self._set_threads()
         queries = self.train_queries()
         # Empty generations carry no text to train on; they still count in S4 and evaluation.
@@ -393,58 +433,41 @@ class CoHyDE(Method):
         self._encoders, self._indexes = {}, {}
         result = {"encoder": stats, "index": self.index(stage).manifest(),
                   "empty_descriptions": len(descriptions) - len(anchors)}
-        write_json(path, result)
+        write_json(self._stage_dir(stage) / "s3.json", result)
         return result
 
-    def s4_sample(self, r: int) -> list[list[str]]:
-        """S4 of round r, first half: ``num_samples`` descriptions per query at ``sample_temperature``."""
+    def s4(self, r: int) -> dict[str, Any]:
+        """S4 of round r: ``num_samples`` descriptions per query at ``sample_temperature``, the
+        NDCG@5 of each under the round's new encoder, and the DPO pairs mined from them."""
+        from coevo.compute import generate_texts
+        from coevo.rewards.cohyde import mine_dpo_pairs, score_descriptions
+
         stage, prev_gen, _ = self._round_inputs(r)
-        path = self._stage_dir(stage) / "s4_samples.json"
-        if path.exists():
-            return read_json(path)["samples"]
         self._set_threads()
         queries = self.train_queries()
-        from coevo.compute import generate_texts
-
+        generator = self.rewriter(prev_gen)
         samples = generate_texts(
-            self.rewriter(prev_gen), [rewriter_messages(q["text"]) for q in queries], compute=self.params.compute,
+            generator, [rewriter_messages(q["text"]) for q in queries], compute=self.params.compute,
             scratch=self.run_dir / "scratch", num_return_sequences=self.cfg.num_samples,
             temperature=self.cfg.sample_temperature, top_p=1.0, max_new_tokens=self.cfg.max_new_tokens,
             seed=self.seed + r, description=f"{stage} S4 sampling")
-        write_json(path, {"query_ids": [q["query_id"] for q in queries], "samples": samples})
-        return samples
-
-    def s4_score(self, r: int) -> dict[str, Any]:
-        """S4 of round r, second half: NDCG@5 of every sample under the new encoder; mine DPO pairs."""
-        stage, prev_gen, _ = self._round_inputs(r)
-        path = self._stage_dir(stage) / "s4.json"
-        if path.exists():
-            return read_json(path)
-        from coevo.rewards.cohyde import mine_dpo_pairs, score_descriptions
-
-        self.s3(r)
-        samples = self.s4_sample(r)
-        self._set_threads()
-        queries = self.train_queries()
+        write_json(self._stage_dir(stage) / "s4_samples.json",
+                   {"query_ids": [q["query_id"] for q in queries], "samples": samples})
         searched = [[searched_text(q["text"], d, self.cfg.encode) for d in group]
                     for q, group in zip(queries, samples)]
         scores = score_descriptions(self.encoder(stage), self.index(stage), searched,
                                     [q["relevant"] for q in queries], k=5)
-        generator = self.rewriter(prev_gen)
         prompts = [generator.render(rewriter_messages(q["text"])) for q in queries]
         pairs, mining = mine_dpo_pairs(prompts, samples, scores)
         write_json(self._stage_dir(stage) / "pairs.json", pairs)
-        result = {"mining": mining, "scores": scores.tolist(), "query_ids": [q["query_id"] for q in queries]}
-        write_json(path, result)
-        return result
+        write_json(self._stage_dir(stage) / "s4.json",
+                   {"mining": mining, "scores": scores.tolist(), "query_ids": [q["query_id"] for q in queries]})
+        return {"stage": stage, "mining": mining}
 
     def dpo(self, r: int) -> dict[str, Any]:
         """DPO of round r on the mined pairs (beta ``dpo_beta``); saves the round's rewriter."""
         stage, prev_gen, _ = self._round_inputs(r)
         out = self._generator_dir(stage)
-        if (out / "generator.json").exists() and (self._stage_dir(stage) / "dpo.json").exists():
-            return read_json(self._stage_dir(stage) / "dpo.json")
-        self.s4_score(r)
         pairs = read_json(self._stage_dir(stage) / "pairs.json")
         self._set_threads()
         generator = self.rewriter(prev_gen)
@@ -462,20 +485,21 @@ class CoHyDE(Method):
         self._loaded_generator = (stage, generator)
         return stats
 
-    def round(self, r: int) -> dict[str, Any]:
-        """One CoHyDE round: S2, S3, S4 (sample, score, mine) and DPO; resumes at the last finished step."""
-        stage, _, _ = self._round_inputs(r)
-        done = self._stage_dir(stage) / "done.json"
-        if done.exists():
-            return read_json(done)
-        s3 = self.s3(r)
-        s4 = self.s4_score(r)
-        dpo = self.dpo(r)
-        result = {"stage": stage, "round": r, "train_queries": len(self.train_queries()), "encoder": s3["encoder"],
-                  "index": s3["index"], "empty_descriptions": s3["empty_descriptions"],
-                  "mining": s4["mining"], "dpo": dpo}
-        write_json(done, result)
-        return result
+    def _round_summary(self, stage: str) -> dict[str, Any] | None:
+        """A trained round's pair mining and DPO figures (what its S4 and DPO wrote); None before its DPO."""
+        folder = self._stage_dir(stage)
+        if not stage.startswith("round_") or not (folder / "dpo.json").exists():
+            return None
+        return {"round": parse_round_phase(stage)[0], "mining": read_json(folder / "s4.json")["mining"],
+                "dpo": read_json(folder / "dpo.json")}
+
+    def _require_trained(self, encoder_stage: str, generator_stage: str | None) -> None:
+        """Evaluating a stage needs its encoder and rewriter on disk (their phases finished)."""
+        missing = [str(path) for stage, path in ((encoder_stage, self._encoder_dir(encoder_stage)),
+                                                 (generator_stage, self._generator_dir(generator_stage or "")))
+                   if stage not in (None, RAW) and not path.exists()]
+        if missing:
+            raise PhaseNotReady(f"{self.run_dir}: cannot evaluate before training: {', '.join(missing)} missing")
 
     # ------------------------------------------------------------ evaluation
     def stages(self, stage: str) -> tuple[str, str | None]:
@@ -501,10 +525,7 @@ class CoHyDE(Method):
             return read_json(path)
         self.require_val()
         encoder_stage, generator_stage = self.stages(stage)
-        if stage.startswith("round_"):
-            self.round(int(stage[6:]))
-        elif stage != RAW:
-            self.s1a()
+        self._require_trained(encoder_stage, generator_stage)
         self._set_threads()
         from coevo.rewards.cohyde import encode_texts
 
@@ -598,9 +619,8 @@ class CoHyDE(Method):
         out = {f"eval/{split}/{group}/{name}": float(value)
                for split, groups in result["splits"].items() for group, metrics in groups.items()
                for name, value in metrics.items() if name != "n"}
-        done = self._stage_dir(stage) / "done.json"
-        if stage.startswith("round_") and done.exists():
-            info = read_json(done)
+        info = self._round_summary(stage)
+        if info is not None:
             out.update({"train/pairs": float(info["mining"]["pairs"]),
                         "train/ties_dropped": float(info["mining"]["ties_dropped"]),
                         "train/score_gap": float(info["mining"]["mean_score_gap"]),
@@ -619,9 +639,8 @@ class CoHyDE(Method):
         for stage in self.stages_done():
             result = read_json(self.run_dir / "eval" / f"{stage}.json")
             extra: dict[str, Any] = {}
-            done = self._stage_dir(stage) / "done.json"
-            if stage.startswith("round_") and done.exists():
-                info = read_json(done)
+            info = self._round_summary(stage)
+            if info is not None:
                 extra = {"round": info["round"], "pairs": info["mining"]["pairs"],
                          "ties_dropped": info["mining"]["ties_dropped"],
                          "mean_score_gap": info["mining"]["mean_score_gap"]}
