@@ -24,7 +24,8 @@ metric), and last ``<method>_vs_baseline_ci_low=<x>``: the same for final - the 
 paper claims to beat, on the comparison the paper makes: CoGR test F1 - the best BM25/dense
 F1@k (k chosen on val); GRAPE test R@10 - the raw query under the same frozen encoder, in the shift
 setting; CoHyDE NDCG@5 on the vague set - S1a (the encoder fine-tuned alone, on the raw query).
-Library output (TRL's per-step dictionaries, warnings, progress bars) goes to ``<out>/efficacy.log``.
+Library output (TRL's per-step dictionaries, warnings, progress bars) goes to ``<out>/efficacy.log``;
+the results, as data, to ``<out>/efficacy.json`` (``bench/seeds.py`` sets seeds side by side).
 
 Usage::
 
@@ -76,6 +77,7 @@ METHODS: dict[str, dict[str, Any]] = {
                "vague": "test_copy", "target_split": "vague"},
 }
 LOADERS = ("metatool", "stabletoolbench", "wands", "beir", "image_captions", "prepared")
+RECORD = "efficacy.json"  # in --out: the run's results as data (write_record)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -213,10 +215,10 @@ def train_within(pipe: Pipeline, budget_s: float, started: float, term: "Termina
     evaluated = False  # the budget may stop training only once a phase with a val score (a model) exists
     for step in pipe.train_steps():
         name = step.name.split("-", 1)[1]
-        if unit_of(name, names) != unit:
+        if (this_unit := unit_of(name, names)) != unit:
             if unit is not None:
                 last_seconds[kind_of(unit)] = unit_seconds
-            unit, unit_seconds = unit_of(name, names), 0.0
+            unit, unit_seconds = this_unit, 0.0
             elapsed = time.perf_counter() - started
             expected = last_seconds.get(kind_of(unit), 0.0)
             if evaluated and elapsed >= budget_s:
@@ -382,10 +384,31 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
                  + ("  <- the target" if split == target_split else ""))
     term.say(f"curves: {png or 'no GRPO steps ran'}; MLflow run: {url} (mlflow ui --backend-store-uri "
              f"{params.tracking.uri} from {out})")
-    term.say(f"total {(time.perf_counter() - started) / 60:.1f} min")
+    total_min = (time.perf_counter() - started) / 60
+    term.say(f"total {total_min:.1f} min")
+    record = write_record(out / RECORD, args, overrides, tables, target_split, gain, versus,
+                          numerics=pipe.method.numerics_of(table["best_phase"]), stopped=why, phases_run=ran,
+                          minutes={"train": train_s / 60, "total": total_min})
+    term.say(f"record: {record} (seeds side by side: python bench/seeds.py <--out of each seed>)")
     print(f"{args.method}_gain_ci_low={gain['ci_low']:.4f}", file=term.out)
     print(f"{args.method}_vs_baseline_ci_low={versus[target_split]['ci_low']:.4f}", file=term.out)
     return 0
+
+
+def write_record(dest: Path, args: argparse.Namespace, overrides: list[str], tables: dict[str, dict[str, Any]],
+                 target_split: str, gain: dict[str, Any], versus: dict[str, dict[str, Any]], **run: Any) -> Path:
+    """What this run printed, as data (``bench/seeds.py`` reads one per seed): the final table of each
+    split (rows without per-query values, every paired comparison), the two target lines, and how the
+    run was made (seed, data, --set, the chosen phase's numerics, why training stopped, minutes)."""
+    from coevo.io import write_json
+
+    return write_json(dest, {
+        "method": args.method, "seed": args.seed, "data": str(args.data), "loader": args.loader,
+        "budget_min": args.budget_min, "queries": args.queries, "overrides": list(args.overrides),
+        "resolved_overrides": overrides, "target_split": target_split, "tables": tables,
+        "gain": gain, "vs_baseline": versus, f"{args.method}_gain_ci_low": gain["ci_low"],
+        f"{args.method}_vs_baseline_ci_low": versus[target_split]["ci_low"], **run,
+    })
 
 
 def comparison(table: dict[str, Any], name: str, metric: str) -> dict[str, Any]:

@@ -37,7 +37,6 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -201,18 +200,11 @@ def measure(model: str, overrides: list[str], side: str, steps: int) -> dict[str
 
 
 def run_worker(name: str, overrides: list[str], args: argparse.Namespace, isa: str) -> dict[str, Any]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               OMP_NUM_THREADS="1")
-    if ISAS[isa]:
-        env["ONEDNN_MAX_CPU_ISA"] = ISAS[isa]
+    from _workers import run_json_worker
+
     cmd = [sys.executable, __file__, "--worker", name, "--model", args.model, "--side", args.side,
            "--steps", str(args.steps), "--overrides", json.dumps(overrides)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"sft_step: variant {name} on {isa} failed (exit {proc.returncode})")
-    return json.loads(lines[-1])
+    return run_json_worker(cmd, isa_cap=ISAS[isa], failure=f"sft_step: variant {name} on {isa} failed")
 
 
 def main(argv: list[str] | None = None) -> int:

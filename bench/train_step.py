@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -219,16 +217,10 @@ def measure(kind: str, model_name: str, steps: int) -> dict:
 
 
 def _run_worker(kind: str, model_name: str, isa: str, steps: int) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    if ISAS[isa]:
-        env["ONEDNN_MAX_CPU_ISA"] = ISAS[isa]
+    from _workers import run_json_worker
+
     cmd = [sys.executable, __file__, "--worker", kind, "--models", model_name, "--steps", str(steps)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stderr[-4000:])
-        raise SystemExit(f"measurement {kind} {model_name} {isa} failed (exit {proc.returncode})")
-    return json.loads(lines[-1])
+    return run_json_worker(cmd, isa_cap=ISAS[isa], failure=f"measurement {kind} {model_name} {isa} failed")
 
 
 def main() -> None:

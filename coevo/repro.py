@@ -287,7 +287,8 @@ def _written_records(run_dir: Path, writes: Sequence[str]) -> dict[str, float]:
     out: dict[str, float] = {}
     for output in (run_dir / w for w in writes if not w.startswith("eval/")):  # evaluations are the val/ figures
         if output.is_dir():  # a model's or an index's own folder (its config, its manifest) holds no training record
-            files = [] if any((output / marker).exists() for marker in MODEL_FOLDER_MARKERS) else sorted(output.glob("*.json"))
+            is_model = any((output / marker).exists() for marker in MODEL_FOLDER_MARKERS)
+            files = [] if is_model else sorted(output.glob("*.json"))
         else:
             files = [output] if output.suffix == ".json" else []
         for file in files:

@@ -44,6 +44,7 @@ SMOKED = {
     "gpu_check.py": "test_gpu_check_dry_run",
     "efficacy.py": "test_efficacy",
     "variants.py": "test_efficacy",
+    "seeds.py": "test_efficacy",
 }
 
 
@@ -76,7 +77,8 @@ def last_line(lines: list[str], pattern: str) -> re.Match:
 
 
 def test_every_bench_script_has_a_smoke_run():
-    scripts = {p.name for p in BENCH.iterdir() if p.is_file() and p.suffix in (".py", ".sh")}
+    scripts = {p.name for p in BENCH.iterdir()  # a leading underscore marks a module the scripts share
+               if p.is_file() and p.suffix in (".py", ".sh") and not p.name.startswith("_")}
     assert scripts == set(SMOKED), f"bench/ scripts without a smoke run here: {sorted(scripts - set(SMOKED))}; " \
                                    f"smoke runs of scripts that are gone: {sorted(set(SMOKED) - scripts)}"
     missing = [test for test in SMOKED.values() if test not in globals()]
@@ -233,6 +235,49 @@ def test_efficacy(tmp_path):
     query_reward = client.get_metric_history(run.info.run_id, "live/01_query/reward")
     assert sft_loss and query_reward and max(p.timestamp for p in sft_loss) < min(p.timestamp for p in query_reward)
     check_variants(tmp_path / "out", tmp_path)
+    check_seeds(tmp_path / "out", tmp_path)
+
+
+def check_seeds(run: Path, tmp_path: Path) -> None:
+    """bench/seeds.py on the run's efficacy.json and a copy as seed 43 whose differences moved by a known
+    amount: per-seed rows as recorded, mean and sd over the two seeds exact; mixed runs refused."""
+    import json
+    import statistics
+
+    record = json.loads((run / "efficacy.json").read_text())
+    assert record["seed"] == 42 and set(record["tables"]) == {"test", "vague"}
+    assert record["cogr_vs_baseline_ci_low"] == record["vs_baseline"]["test"]["ci_low"]
+    other = json.loads(json.dumps(record))
+    other["seed"] = 43
+    for table in other["tables"].values():
+        for c in table["comparisons"]:
+            c.update(mean=c["mean"] + 0.1, ci_low=c["ci_low"] + 0.1, ci_high=c["ci_high"] + 0.1)
+    (tmp_path / "s43").mkdir()
+    (tmp_path / "s43" / "efficacy.json").write_text(json.dumps(other))
+    lines = run_bench(script("seeds.py", str(run), str(tmp_path / "s43"), "--out", str(tmp_path / "seeds")),
+                      timeout=120)
+    assert re.fullmatch(rf"cogr_seeds_vs_baseline_mean={FLOAT} sd={FLOAT} above_0=[0-2]/2", lines[-1]), lines[-1]
+    written = json.loads((tmp_path / "seeds" / "seeds.json").read_text())
+    first = next(c for c in record["tables"]["test"]["comparisons"]
+                 if c["name"] == record["tables"]["test"]["paper_baseline"]["name"] and c["metric"] == "f1")
+    test_rows = [r for r in written["rows"] if r["split"] == "test"]
+    assert [r["seed"] for r in test_rows] == [42, 43] and test_rows[0]["vs_baseline"] == first["mean"]
+    summary = next(s for s in written["across_seeds"] if s["split"] == "test" and s["difference"] == "vs_baseline")
+    assert abs(summary["mean"] - (first["mean"] + 0.05)) < 1e-12
+    assert abs(summary["sd"] - statistics.stdev([first["mean"], first["mean"] + 0.1])) < 1e-12
+    assert (tmp_path / "seeds" / "seeds.png").stat().st_size > 0
+
+    spec = importlib.util.spec_from_file_location("seeds_bench", BENCH / "seeds.py")
+    seeds = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seeds)
+    with pytest.raises(SystemExit, match="seed 42 is given twice"):
+        seeds.main([str(run), str(run / "efficacy.json")])
+    other["overrides"] = [*other["overrides"], "cogr.rounds=2"]
+    (tmp_path / "s43" / "efficacy.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="has overrides .*give runs that differ in their seed only"):
+        seeds.main([str(run), str(tmp_path / "s43")])
+    with pytest.raises(SystemExit, match="no efficacy.json"):
+        seeds.main([str(run), str(tmp_path / "seeds" / "nothing")])
 
 
 def check_variants(run: Path, tmp_path: Path) -> None:

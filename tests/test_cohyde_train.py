@@ -286,6 +286,7 @@ def test_no_val_query_with_a_relevant_tool_fails_at_the_first_phase(tmp_path):
 
 
 def test_bad_stage_and_round_are_named(tmp_path):
+    from coevo.methods.base import PhaseNotReady
     from coevo.methods.cohyde import CoHyDE, parse_round_phase
 
     params = _params("cohyde.rounds=2")
@@ -306,3 +307,5 @@ def test_bad_stage_and_round_are_named(tmp_path):
     ready = CoHyDE(tmp_path / "run2", params, _small_stabletoolbench(tmp_path))
     with pytest.raises(ValueError, match="unknown CoHyDE stage 'round_x'"):
         ready.evaluate("round_x")
+    with pytest.raises(PhaseNotReady, match="cannot evaluate before training: .*round_1/encoder, .*round_1/generator missing"):
+        ready.evaluate("round_1")

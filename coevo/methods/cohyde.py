@@ -26,8 +26,8 @@ evaluation and serving (:meth:`CoHyDE.stages`, :func:`searched_text`) share it.
 Layout of ``run_dir``::
 
     base_generator/            the untrained rewriter (shared start of S1b and vanilla HyDE)
-    s1a/encoder/ s1a/index/    encoder checkpoint and its faiss corpus index
-    s1b/generator/
+    s1a/encoder/ s1a/index/ s1a/s1a.json   encoder checkpoint, its faiss corpus index, the training record
+    s1b/generator/ s1b/s1b.json
     round_<r>/s2.json                          round_<r>_s2: one description per training query
     round_<r>/encoder/ index/ s3.json          round_<r>_s3: the encoder trained on them, its index
     round_<r>/s4_samples.json s4.json pairs.json   round_<r>_s4: sampled descriptions, their scores, DPO pairs
@@ -495,9 +495,10 @@ class CoHyDE(Method):
 
     def _require_trained(self, encoder_stage: str, generator_stage: str | None) -> None:
         """Evaluating a stage needs its encoder and rewriter on disk (their phases finished)."""
-        missing = [str(path) for stage, path in ((encoder_stage, self._encoder_dir(encoder_stage)),
-                                                 (generator_stage, self._generator_dir(generator_stage or "")))
-                   if stage not in (None, RAW) and not path.exists()]
+        needed = [] if encoder_stage == RAW else [self._encoder_dir(encoder_stage)]
+        if generator_stage is not None:
+            needed.append(self._generator_dir(generator_stage))
+        missing = [str(path) for path in needed if not path.exists()]
         if missing:
             raise PhaseNotReady(f"{self.run_dir}: cannot evaluate before training: {', '.join(missing)} missing")
 

@@ -1,0 +1,25 @@
+"""What the benchmarks that measure in fresh subprocesses share (not a benchmark itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+
+def run_json_worker(cmd: list[str], *, isa_cap: str | None, failure: str) -> dict[str, Any]:
+    """Run one measurement in a fresh process (clean peak memory) on one thread, offline, with oneDNN
+    capped at ``isa_cap`` (``AVX2``: the kernels of a CPU without bf16 units); its last JSON line.
+    A failed worker's stderr tail is shown and ``failure`` ends the benchmark."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="1")
+    if isa_cap:
+        env["ONEDNN_MAX_CPU_ISA"] = isa_cap
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        sys.stderr.write(proc.stderr[-4000:])
+        raise SystemExit(f"{failure} (exit {proc.returncode})")
+    return json.loads(lines[-1])
