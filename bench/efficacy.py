@@ -340,6 +340,7 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
         # Live, as a flow's run: each trainer step while it trains (live/<phase>/...), each phase's
         # val metrics (val/...) and GRPO curves as the phase ends.
         live = LiveSeries(tr)
+        done_before = [p.name for p in pipe.method.phases() if pipe.method.is_done(p.name)]  # reused, not timed
         with progress.listening(LiveSteps(tr)):
             ran, why = train_within(pipe, args.budget_min * 60, started, term, headline,
                                     phase_done=lambda: live.log(pipe.method))
@@ -387,7 +388,8 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
     total_min = (time.perf_counter() - started) / 60
     term.say(f"total {total_min:.1f} min")
     record = write_record(out / RECORD, args, overrides, tables, target_split, gain, versus,
-                          numerics=pipe.method.numerics_of(table["best_phase"]), stopped=why, phases_run=ran,
+                          numerics=pipe.method.numerics_of(table["best_phase"]), stopped=why,
+                          phases_trained=[n for n in ran if n not in done_before], phases_reused=done_before,
                           minutes={"train": train_s / 60, "total": total_min})
     term.say(f"record: {record} (seeds side by side: python bench/seeds.py <--out of each seed>)")
     print(f"{args.method}_gain_ci_low={gain['ci_low']:.4f}", file=term.out)
@@ -399,7 +401,8 @@ def write_record(dest: Path, args: argparse.Namespace, overrides: list[str], tab
                  target_split: str, gain: dict[str, Any], versus: dict[str, dict[str, Any]], **run: Any) -> Path:
     """What this run printed, as data (``bench/seeds.py`` reads one per seed): the final table of each
     split (rows without per-query values, every paired comparison), the two target lines, and how the
-    run was made (seed, data, --set, the chosen phase's numerics, why training stopped, minutes)."""
+    run was made (seed, data, --set, the chosen phase's numerics, why training stopped, minutes). The
+    minutes are this process's: phases reused from an earlier run of the folder are listed, not timed."""
     from coevo.io import write_json
 
     return write_json(dest, {

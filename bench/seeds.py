@@ -101,7 +101,9 @@ def seed_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
         versus, gain = comparison(table, table["paper_baseline"]["name"]), comparison(table, VS_START)
         row = {"seed": record["seed"], "split": split, "n": versus["n"], "phase": phase, f"val_{metric}": val,
                metric: versus["mean_a"], "baseline": table["paper_baseline"]["row"], f"baseline_{metric}": versus["mean_b"],
-               "start_phase": table["start_phase"], "minutes": (record.get("minutes") or {}).get("total"),
+               "start_phase": table["start_phase"],
+               # a run resumed from an earlier process's phases has no total of its own
+               "minutes": None if record.get("phases_reused") else (record.get("minutes") or {}).get("total"),
                "precision": (record.get("numerics") or {}).get("precision")}
         for name, found in zip(DIFFERENCES, (versus, gain)):
             row.update({name: found["mean"], f"{name}_ci_low": found["ci_low"], f"{name}_ci_high": found["ci_high"],
@@ -153,7 +155,7 @@ def rich_tables(rows: list[dict[str, Any]], summary: list[dict[str, Any]], metri
                              f"{r[f'baseline_{metric}']:.4f}",
                              diff_text(r["vs_baseline"], r["vs_baseline_ci_low"], r["vs_baseline_ci_high"]),
                              diff_text(r["gain"], r["gain_ci_low"], r["gain_ci_high"]),
-                             "" if r["minutes"] is None else f"{r['minutes']:.0f}")
+                             "resumed" if r["minutes"] is None else f"{r['minutes']:.0f}")
         across = columns(Table(title=f"{method} on {split}, across {len(split_rows)} seeds", title_justify="left"),
                          ["difference", "mean", "sd", "95% t interval over seeds", "seeds CI > 0", "seeds CI < 0"])
         for name, label in zip(DIFFERENCES, (f"minus {baseline}", "gain over start")):

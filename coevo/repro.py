@@ -42,9 +42,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:  # types only: the methods pull in pandas and the retrieval code
+    from coevo.methods.cogr import CoGR
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = PROJECT_ROOT / "repro" / "expected.yaml"
@@ -271,7 +274,43 @@ def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overr
             for name, value in numbers(row).items():
                 out[f"{final['split']}/{role}/{name}"] = value
         out["best_phase_index"] = float([p.name for p in run.phases()].index(final["best_phase"]))
+        probe = REWARD_PROBES.get(method)
+        if probe is not None:
+            out.update(probe(run))
     return out
+
+
+def cogr_seed_rewards(run: CoGR) -> dict[str, float]:
+    """CoGR's two training rewards applied to fixed sets, its Algorithm 1 targets (what SFT teaches
+    each side to write): the query reward (set F1) of each train query's S_q against the index of
+    every S_i, and the item reward of an empty set for each item against the index of every S_q
+    (the summed F1 change of the queries it touches when that item loses its S_i).
+
+    The phases' figures can miss a broken reward at the matrix's scale (a sampled set that meets
+    the right tool is rare, so recall instead of F1 moves a GRPO reward mean by one completion's
+    worth); these two score fixed sets with the very classes GRPO calls, so a change of either
+    reward moves them. With extractive (YAKE) seeds they are the same on every machine."""
+    import statistics
+
+    from coevo.retrieval.inverted_index import InvertedIndex
+    from coevo.rewards.cogr import ItemReward, QueryReward
+
+    if not run.is_done("seed"):
+        return {}
+    items, queries = run.seed_targets()
+    qrels, k_max = run.train_qrels, run.cfg.k_max
+    query_ids = [q for q in queries if q in qrels]
+    query = QueryReward(InvertedIndex.from_keyword_sets(items), qrels, k_max).score_keywords(
+        query_ids, [queries[q] for q in query_ids])
+    item_ids = list(items)
+    item = ItemReward({q: queries[q] for q in query_ids}, items, qrels, k_max, mode=run.cfg.item_reward).score_keywords(
+        item_ids, [[] for _ in item_ids])
+    return {"seed/query_reward_of_targets": statistics.fmean(query),
+            "seed/item_reward_of_empty_sets": statistics.fmean(item)}
+
+
+# Per method: figures that apply its training rewards to fixed inputs of the finished run.
+REWARD_PROBES: dict[str, Callable[[Any], dict[str, float]]] = {"cogr": cogr_seed_rewards}
 
 
 MAX_RECORD_BYTES = 1_000_000  # a training record is small; larger JSON files hold samples or keyword sets

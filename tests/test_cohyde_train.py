@@ -168,14 +168,20 @@ def test_one_tiny_round_end_to_end(tmp_path):
     scores = np.array(s4["scores"])
     assert scores.shape == (len(queries), cfg.num_samples)
     mining = s4["mining"]
-    assert mining["pairs"] == len(pairs) and mining["pairs"] + mining["ties_dropped"] == len(queries)
-    assert mining["ties_dropped"] == int(np.sum(scores.max(1) == scores.min(1)))
+    assert mining["pairs"] == len(pairs)
+    assert mining["pairs"] + mining["ties_dropped"] + mining["empty_dropped"] == len(queries)
+    # ties and empty samples, recounted from what S4 wrote: best and worst among the written samples
+    written = [[j for j, text in enumerate(row) if text.strip()] for row in samples]
+    assert mining["empty_samples"] == sum(len(row) - len(w) for row, w in zip(samples, written))
+    assert mining["empty_dropped"] == sum(len(w) < 2 for w in written)
+    assert mining["ties_dropped"] == sum(len(w) >= 2 and scores[i, w].max() == scores[i, w].min()
+                                         for i, w in enumerate(written))
     generator = Generator.load(folder / "s1b" / "generator")
     prompt_of = {generator.render(rewriter_messages(q["text"])): i for i, q in enumerate(queries)}
     for pair in pairs:
         q = prompt_of[pair["prompt"]]
-        assert pair["chosen_score"] == pytest.approx(scores[q].max())
-        assert pair["rejected_score"] == pytest.approx(scores[q].min())
+        assert pair["chosen_score"] == pytest.approx(scores[q, written[q]].max())
+        assert pair["rejected_score"] == pytest.approx(scores[q, written[q]].min())
         assert pair["chosen_score"] > pair["rejected_score"]
         assert pair["chosen"] in samples[q] and pair["rejected"] in samples[q]
     assert json.loads((folder / "round_1" / "dpo.json").read_text())["pairs"] == len(pairs)

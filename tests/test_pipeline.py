@@ -264,3 +264,14 @@ def test_no_val_split_is_a_clear_error_before_any_training(toy, tmp_path):
         CoGR(tmp_path / "run", load_params([params_file]), broken, data_fingerprint="x")
 
 
+
+
+def test_a_method_s_key_holds_its_own_reward_module_and_not_the_others():
+    """CoHyDE's pair mining is no part of what CoGR or GRAPE compute: editing it re-runs CoHyDE only."""
+    from coevo.methods.base import method_class
+    from coevo.steps import module_path
+
+    for name in ("cogr", "grape", "cohyde"):
+        code = method_class(name).code
+        assert [m for m in code if m.startswith("coevo.rewards")] == [f"coevo.rewards.{name}"], name
+        assert module_path(f"coevo.rewards.{name}") == f"coevo/rewards/{name}.py"  # the DVC train stage's dep

@@ -39,6 +39,9 @@ def test_every_entry_declares_its_command_and_tolerances():
         assert entry.command.removeprefix("ONEDNN_MAX_CPU_ISA=AVX2 ").startswith("coevo "), entry.id
         assert entry.command.startswith("ONEDNN_MAX_CPU_ISA=AVX2 ") == (entry.numerics == "fp32"), entry.id
         assert all(spec["tolerance"] >= 0 for spec in entry.metrics.values())
+        # the command a person runs sets what the entry's run sets (a pinned knob included)
+        command = " ".join(entry.command.split())
+        assert [s for s in matrix.system(entry.system).get("set") or [] if f"--set {s}" not in command] == [], entry.id
     slow_sources = {matrix.dataset(e.dataset)["source"] for e in matrix.entries if e.tier == "slow" and not e.numerics}
     assert all(s.startswith("../shared/data/") for s in slow_sources)
     # Entries that train real models are keyed by numerics, recorded for both kinds of CPU.
@@ -264,3 +267,33 @@ def test_record_keeps_what_another_record_wrote_to_the_file_meanwhile(tmp_path, 
     monkeypatch.setattr(repro, "baseline_figures", figures)
     repro.record(path, runs=1, only=["toy/*"])
     assert [e.metrics["n_queries"]["expected"] for e in repro.load(path).entries] == [3.0, 5.0]
+
+
+class _SeededRun:
+    """What the CoGR reward probe reads of a finished run: two items, two train queries."""
+
+    def __init__(self):
+        self.train_qrels = {"q1": {"a": 1}, "q2": {"b": 1}}
+        self.cfg = type("Cfg", (), {"k_max": 8, "item_reward": "marginal"})()
+
+    def is_done(self, name):
+        return name == "seed"
+
+    def seed_targets(self):
+        # q1 retrieves a alone (F1 1); q2 retrieves a and b, one relevant (F1 2/3)
+        return {"a": ["x", "y"], "b": ["y"]}, {"q1": ["x"], "q2": ["y"]}
+
+
+def test_cogr_reward_probe_scores_the_seed_targets_with_the_training_rewards(monkeypatch):
+    """Query reward of S_q: mean F1 (1 + 2/3) / 2. An item's empty set: a loses q1 (1 -> 0) and leaves q2
+    with b alone (2/3 -> 1); b leaves q2 with a alone (2/3 -> 0): the summed F1 change of the queries it
+    touches, -2/3 each. A reward that scores recall instead of F1 moves the query figure to 1."""
+    figures = repro.cogr_seed_rewards(_SeededRun())
+    assert figures["seed/query_reward_of_targets"] == pytest.approx(5 / 6, abs=1e-12)
+    assert figures["seed/item_reward_of_empty_sets"] == pytest.approx(-2 / 3, abs=1e-12)
+
+    from coevo.rewards.cogr import QueryReward
+
+    monkeypatch.setattr(QueryReward, "f1", lambda self, q, kws, normalized=False: 1.0 if self._n_rel_of[
+        self._query_row[q]] and any(k in ("x", "y") for k in kws) else 0.0)  # recall: a hit scores 1 however much else
+    assert repro.cogr_seed_rewards(_SeededRun())["seed/query_reward_of_targets"] == 1.0

@@ -31,3 +31,15 @@ def test_bad_shapes_and_values_are_refused():
         mine_dpo_pairs(["p"], [["a", "b"]], [[0.1, 0.2, 0.3]])
     with pytest.raises(ValueError, match="NaN"):
         mine_dpo_pairs(["p"], [["a", "b"]], [[0.1, float("nan")]])
+
+
+def test_empty_samples_take_no_part_in_a_pair():
+    """An empty description scoring best (the query encoded alone) is not chosen; the best written one is.
+    A query with one written sample gives no pair. Without empty samples the pairs are as before."""
+    samples = [["", "b", "c", "  "], ["", "f", " ", "h"], ["x", "", "", ""]]
+    scores = [[0.9, 0.5, 0.1, 0.0], [0.0, 0.4, 0.9, 0.2], [0.1, 0.5, 0.2, 0.3]]
+    pairs, stats = mine_dpo_pairs(["p0", "p1", "p2"], samples, scores)
+    assert [(p["prompt"], p["chosen"], p["rejected"], p["chosen_score"]) for p in pairs] == [
+        ("p0", "b", "c", 0.5), ("p1", "f", "h", 0.4)]
+    assert (stats["empty_samples"], stats["empty_dropped"], stats["ties_dropped"]) == (7, 1, 0)
+    assert stats["mean_best"] == pytest.approx((0.9 + 0.9 + 0.5) / 3)  # over all samples, as before

@@ -172,7 +172,7 @@ class CoGR(Method):
     name = "cogr"
     title = "CoGR"
     code = ("coevo.methods.base", "coevo.methods.cogr", "coevo.methods.cogr_context", "coevo.methods.cogr_report",
-            "coevo.models", "coevo.train", "coevo.rewards", "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime", "coevo.compute")
+            "coevo.models", "coevo.train", "coevo.rewards.cogr", "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime", "coevo.compute")
     plan_params = ("cogr.rounds", "cogr.sft_init", "cogr.query_side_only", "cogr.early_stopping")
     table_metrics = ("f1", "recall@100", "ndcg@10")
 

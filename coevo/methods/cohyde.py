@@ -138,7 +138,7 @@ class CoHyDE(Method):
 
     name = "cohyde"
     title = "CoHyDE"
-    code = ("coevo.methods.base", "coevo.methods.cohyde", "coevo.models", "coevo.train", "coevo.rewards",
+    code = ("coevo.methods.base", "coevo.methods.cohyde", "coevo.models", "coevo.train", "coevo.rewards.cohyde",
             "coevo.retrieval", "coevo.data.schema", "coevo.data.render", "coevo.io", "coevo.runtime",
             "coevo.compute")
     plan_params = ("cohyde.rounds", "cohyde.early_stopping")

@@ -114,7 +114,7 @@ class Grape(Method):
 
     name = "grape"
     title = "GRAPE"
-    code = ("coevo.methods.base", "coevo.methods.grape", "coevo.models", "coevo.train", "coevo.rewards",
+    code = ("coevo.methods.base", "coevo.methods.grape", "coevo.models", "coevo.train", "coevo.rewards.grape",
             "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime", "coevo.compute")
     table_metrics = ("recall@1", "recall@10", "mrr")
     paper_baseline = RAW

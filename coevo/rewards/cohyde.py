@@ -80,14 +80,19 @@ def mine_dpo_pairs(
 
     Returns ``(pairs, stats)``: each pair is ``{prompt, chosen, rejected, chosen_score,
     rejected_score}`` (the first best and the first worst sample win ties); stats hold
-    ``queries``, ``pairs``, ``ties_dropped``, ``mean_score_gap`` (best - worst, over kept
-    pairs; 0 when none), ``mean_best`` and ``mean_score`` (over all samples).
+    ``queries``, ``pairs``, ``ties_dropped``, ``empty_samples``, ``empty_dropped`` (queries left
+    without two non-empty samples), ``mean_score_gap`` (best - worst, over kept pairs; 0 when
+    none), ``mean_best`` and ``mean_score`` (over all samples).
+
+    An empty sample is not a description: it can score well (encoding the query with an empty
+    description is encoding the query), but DPO cannot prefer or reject nothing, so best and
+    worst are chosen among the non-empty samples, and a query with fewer than two gives no pair.
     """
     if not (len(prompts) == len(samples) == len(scores)):
         raise ValueError(f"prompts ({len(prompts)}), samples ({len(samples)}) and scores ({len(scores)}) "
                          "must have one entry per query")
     pairs: list[dict[str, Any]] = []
-    ties = 0
+    ties = empty = short = 0
     gaps: list[float] = []
     all_scores: list[float] = []
     best_scores: list[float] = []
@@ -98,8 +103,14 @@ def mine_dpo_pairs(
         if not np.isfinite(values).all():
             raise ValueError(f"query {q}: scores hold NaN or infinite values: {values.tolist()}")
         all_scores.extend(values.tolist())
-        best, worst = int(np.argmax(values)), int(np.argmin(values))
-        best_scores.append(float(values[best]))
+        best_scores.append(float(values.max()))
+        written = [i for i, text in enumerate(texts) if text.strip()]
+        empty += len(texts) - len(written)
+        if len(written) < 2:
+            short += 1
+            continue
+        best = written[int(np.argmax(values[written]))]
+        worst = written[int(np.argmin(values[written]))]
         gap = float(values[best] - values[worst])
         if gap <= TIE_TOLERANCE:
             ties += 1
@@ -111,6 +122,8 @@ def mine_dpo_pairs(
         "queries": len(prompts),
         "pairs": len(pairs),
         "ties_dropped": ties,
+        "empty_samples": empty,
+        "empty_dropped": short,
         "mean_score_gap": float(np.mean(gaps)) if gaps else 0.0,
         "mean_best": float(np.mean(best_scores)) if best_scores else 0.0,
         "mean_score": float(np.mean(all_scores)) if all_scores else 0.0,
