@@ -245,6 +245,11 @@ class LoraParams(Section):
         min_length=1,
         description="Linear layers that get adapters, e.g. [q_proj, v_proj]; add k/o/gate/up/down_proj for capacity.",
     )
+    top_layers: StrictInt | None = Field(
+        ge=1,
+        description="Adapters in the top N transformer layers only: backpropagation stops below them, so an SFT, "
+        "GRPO or DPO step costs less (bench/sft_step.py); null = every layer.",
+    )
 
 
 class SamplingParams(Section):
@@ -480,6 +485,10 @@ class CoGRParams(Section):
     )
     search_results: SearchResultsParams = Field(
         description="The snippets of query_context = search_results (unused with none)."
+    )
+    system_prompt: Literal["full", "short"] = Field(
+        description="The generators' system prompt: full (the answer's form spelled out, 36 SmolLM2 tokens) or "
+        "short (one line, 10 tokens): every SFT and GRPO step pays for its tokens (bench/sft_step.py)."
     )
     lora: LoraParams = Field(description="LoRA adapters of both generators.")
     sampling: SamplingParams = Field(description="Text generation: GRPO rollouts, seeds and indexing.")

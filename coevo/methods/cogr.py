@@ -330,18 +330,19 @@ class CoGR(Method):
         return self.run_dir / "scratch" / "compute"
 
     def _item_prompts(self, item_ids: Sequence[str]) -> list[Any]:
-        return [item_prompt(self.item_title[i], self.item_desc[i], self.cfg.item_context) for i in item_ids]
+        return [item_prompt(self.item_title[i], self.item_desc[i], self.cfg.item_context, self.cfg.system_prompt)
+                for i in item_ids]
 
     def _query_prompts(self, query_ids: Sequence[str]) -> list[Any]:
         """Query prompts (coevo.methods.cogr_context): with query_context = search_results each carries
         the query's BM25 snippets, computed once per query and the same in SFT, GRPO and evaluation."""
         if self.search_results is None:
-            return [query_prompt(self.query_text[q]) for q in query_ids]
+            return [query_prompt(self.query_text[q], system_prompt=self.cfg.system_prompt) for q in query_ids]
         missing = [q for q in dict.fromkeys(query_ids) if q not in self._snippets]
         if missing:
             found = self.search_results.for_texts([self.query_text[q] for q in missing])
             self._snippets.update(zip(missing, found))
-        return [query_prompt(self.query_text[q], self._snippets[q]) for q in query_ids]
+        return [query_prompt(self.query_text[q], self._snippets[q], self.cfg.system_prompt) for q in query_ids]
 
     def _index_items(self, generator, seed: int) -> dict[str, list[str]]:
         sets = self._generate_keywords(generator, self._item_prompts(self.item_ids), "indexing items", seed=seed)

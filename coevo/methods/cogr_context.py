@@ -21,12 +21,9 @@ from typing import Any
 
 import pandas as pd
 
-from coevo.models.prompts import QUERY_SYSTEM, Messages, item_messages, query_messages
+from coevo.models.prompts import SYSTEM_PROMPTS, Messages, item_messages, query_messages
 
-SEARCH_RESULTS_SYSTEM = (
-    QUERY_SYSTEM + " The query comes with search results that may or may not be relevant; use them only "
-    "where they help."
-)
+SEARCH_RESULTS_NOTE = " The query comes with search results that may or may not be relevant; use them only where they help."
 
 
 def _text(value: Any) -> str:
@@ -42,21 +39,24 @@ def snippet(title: str, description: str, max_chars: int) -> str:
     return f"{title}: {description}" if description else title
 
 
-def query_prompt(query: str, results: Sequence[str] = ()) -> Messages:
-    """The query side's prompt: :func:`coevo.models.prompts.query_messages`, plus numbered search
-    results when there are any (``query_context = search_results``)."""
+def query_prompt(query: str, results: Sequence[str] = (), system_prompt: str = "full") -> Messages:
+    """The query side's prompt: :func:`coevo.models.prompts.query_messages` with the system prompt
+    ``cogr.system_prompt`` names, plus numbered search results when there are any
+    (``query_context = search_results``)."""
+    system = SYSTEM_PROMPTS[system_prompt][0]
     if not results:
-        return query_messages(query)
+        return query_messages(query, system)
     listed = "\n".join(f"{n}. {r}" for n, r in enumerate(results, 1))
     return [
-        {"role": "system", "content": SEARCH_RESULTS_SYSTEM},
+        {"role": "system", "content": system + SEARCH_RESULTS_NOTE},
         {"role": "user", "content": f"Query: {query.strip()}\nSearch results:\n{listed}\nKeywords:"},
     ]
 
 
-def item_prompt(title: str, description: str, item_context: str) -> Messages:
+def item_prompt(title: str, description: str, item_context: str, system_prompt: str = "full") -> Messages:
     """The item side's prompt: title and description, or the title alone (``title_only``)."""
-    return item_messages(title, "" if item_context == "title_only" else description)
+    return item_messages(title, "" if item_context == "title_only" else description,
+                         system=SYSTEM_PROMPTS[system_prompt][1])
 
 
 def item_description(description: str, item_context: str) -> str:

@@ -178,7 +178,8 @@ class Generator:
             raise FileNotFoundError(f"{directory}: not a saved generator ({META_FILE} is missing)")
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(directory / "tokenizer"))
-        lora = LoraParams(**meta["lora"]) if meta.get("lora") else None
+        # a model saved before lora.top_layers existed has adapters in every layer
+        lora = LoraParams(**{"top_layers": None, **meta["lora"]}) if meta.get("lora") else None
         if meta["format"] == "full":
             model, _ = load_causal_lm(str(directory / "model"))
         else:
@@ -194,11 +195,19 @@ class Generator:
 def _add_lora(model: Any, lora: LoraParams, seed: int):
     from peft import LoraConfig, get_peft_model
 
+    layers = None
+    if lora.top_layers is not None:
+        depth = int(model.config.num_hidden_layers)
+        if lora.top_layers > depth:
+            raise ValueError(f"lora.top_layers={lora.top_layers}: the model has {depth} transformer layers")
+        layers = list(range(depth - lora.top_layers, depth))
     config = LoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
+        layers_to_transform=layers,
+        layers_pattern="layers" if layers else None,
         task_type="CAUSAL_LM",
     )
     with seeded(seed):  # LoRA A matrices are random: same seed, same adapter

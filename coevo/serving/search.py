@@ -313,8 +313,9 @@ class CoGRRetriever(Retriever):
         from coevo.retrieval.keywords import parse_keywords
 
         snippets = self.search_results.for_texts(queries) if self.search_results else [() for _ in queries]
+        system_prompt = self.settings.get("context", {}).get("system_prompt", "full")  # older models: full
         outputs = self.generator.generate(
-            [query_prompt(q, s) for q, s in zip(queries, snippets)], batch_size=_generation_batch(),
+            [query_prompt(q, s, system_prompt) for q, s in zip(queries, snippets)], batch_size=_generation_batch(),
             temperature=0.0, max_new_tokens=self.settings["max_new_tokens"], seed=self.manifest["seed"],
             progress=False, description="query keywords")
         return [list(parse_keywords(out[0]).keywords[: self.settings["k_max"]]) for out in outputs]
@@ -363,6 +364,7 @@ class CoGRRetriever(Retriever):
         cfg = params.cogr
         settings = {"k_max": cfg.k_max, "max_new_tokens": cfg.sampling.max_new_tokens,
                     "context": {"query_context": cfg.query_context, "item_context": cfg.item_context,
+                                "system_prompt": cfg.system_prompt,
                                 "search_results": cfg.search_results.model_dump(mode="json")}}
         manifest = run_manifest("cogr", run, phase, cfg.generator, settings)
         return cls(manifest, items_table(run.dataset), generator, run.keywords(index)["items"],
