@@ -14,7 +14,8 @@ from coevo.config import load_params
 from coevo.methods import cogr as cogr_module
 from coevo.methods.cogr import CoGR
 from coevo.methods.cogr_context import SearchResults, item_prompt, query_prompt, snippet
-from coevo.models.prompts import ITEM_SYSTEM, QUERY_SYSTEM, item_messages, query_messages
+from coevo.models.prompts import (ITEM_SYSTEM, ITEM_SYSTEM_SHORT, QUERY_SYSTEM, QUERY_SYSTEM_SHORT, item_messages,
+                                  query_messages)
 from tests.conftest import REPO_ROOT
 from tests.test_cogr_train import OVERRIDES, TOOLS, _toy
 
@@ -26,6 +27,18 @@ def test_the_default_prompts_are_the_library_prompts_unchanged():
     assert query_prompt("rain in Paris?") == query_messages("rain in Paris?")
     assert item_prompt("Weather Forecast", "Get the weather.", "description") == item_messages(
         "Weather Forecast", "Get the weather.")
+
+
+def test_the_short_system_prompt_changes_the_system_line_and_nothing_else():
+    for full, short in [(query_prompt("rain in Paris?"), query_prompt("rain in Paris?", system_prompt="short")),
+                        (item_prompt("Weather", "Get it.", "description"),
+                         item_prompt("Weather", "Get it.", "description", "short"))]:
+        assert short[1:] == full[1:]
+        assert short[0]["role"] == "system" and len(short[0]["content"]) < len(full[0]["content"]) / 2
+    assert query_prompt("q", system_prompt="short")[0]["content"] == QUERY_SYSTEM_SHORT
+    assert item_prompt("t", "", "title_only", "short")[0]["content"] == ITEM_SYSTEM_SHORT
+    with_results = query_prompt("q", ["Translator"], "short")[0]["content"]
+    assert with_results.startswith(QUERY_SYSTEM_SHORT + " The query comes with search results")
 
 
 def test_title_only_drops_the_description_and_nothing_else():

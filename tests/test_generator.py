@@ -20,9 +20,10 @@ CORPUS = [
 PROMPTS = [query_messages("weather in paris tomorrow"), item_messages("Flight Search", "search flights"), "plain text prompt"]
 
 
-def lora_params(enabled: bool = True) -> LoraParams:
+def lora_params(enabled: bool = True, top_layers: int | None = None) -> LoraParams:
     """Every field explicit: the test does not depend on where defaults live."""
-    return LoraParams(enabled=enabled, r=4, alpha=8, dropout=0.05, target_modules=["q_proj", "v_proj"])
+    return LoraParams(enabled=enabled, r=4, alpha=8, dropout=0.05, target_modules=["q_proj", "v_proj"],
+                      top_layers=top_layers)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,34 @@ def test_lora_wraps_only_target_modules(generator):
     trainable = [n for n, p in generator.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trainable} == {"q_proj", "v_proj"}
+
+
+def _layer_of(name: str) -> int:
+    return int(name.split(".layers.")[1].split(".")[0])
+
+
+def test_top_layers_puts_adapters_in_the_top_layers_and_backward_stops_below_them(tmp_path):
+    torch.set_num_threads(1)
+    gen = Generator.create("tiny", lora_params(top_layers=1), seed=3, corpus=CORPUS)
+    depth = gen.model.config.num_hidden_layers
+    assert depth >= 2  # else the test could not tell the top layer from the others
+    adapted = {_layer_of(n) for n, p in gen.model.named_parameters() if p.requires_grad}
+    assert adapted == {depth - 1}
+    layers = gen.model.base_model.model.model.layers
+    reached = []  # layers whose output a gradient flows back into
+    for i, layer in enumerate(layers):
+        layer.register_full_backward_hook(lambda module, gin, gout, i=i: reached.append(i))
+    batch = gen.tokenizer(["weather in paris tomorrow"], return_tensors="pt")
+    gen.model(**batch, labels=batch["input_ids"]).loss.backward()
+    assert reached == [depth - 1]
+    gen.save(tmp_path / "g")  # the saved adapter keeps its layers
+    loaded = Generator.load(tmp_path / "g")
+    assert {_layer_of(n) for n, p in loaded.model.named_parameters() if "lora_" in n} == {depth - 1}
+
+
+def test_top_layers_above_the_model_depth_is_refused_with_the_depth():
+    with pytest.raises(ValueError, match=r"lora.top_layers=99: the model has \d+ transformer layers"):
+        Generator.create("tiny", lora_params(top_layers=99), seed=3, corpus=CORPUS)
 
 
 def test_generate_shapes_order_and_seed(generator):
