@@ -137,3 +137,38 @@ def test_a_run_with_snippets_prompts_with_them_everywhere_and_resumes_byte_ident
     evaluated = full._generate_keywords(gen, original(full, ids), "check", seed=full.seed)
     assert served == [list(k) for k in evaluated]
     assert json.loads(json.dumps(retriever.manifest["settings"]["context"]))["query_context"] == "search_results"
+
+
+@pytest.mark.slow
+def test_a_run_with_the_short_system_prompt_trains_seeds_and_serves_with_it(tmp_path, monkeypatch):
+    torch.set_num_threads(1)
+    data = _toy(tmp_path / "data")
+    systems: set = set()
+    for name in ("_query_prompts", "_item_prompts"):
+        original = getattr(cogr_module.CoGR, name)
+
+        def spy(self, ids, original=original):
+            out = original(self, ids)
+            systems.update(p[0]["content"] for p in out)
+            return out
+
+        monkeypatch.setattr(cogr_module.CoGR, name, spy)
+    short_params = load_params(REPO_ROOT / "params.yaml", OVERRIDES + ["cogr.rounds=1", "cogr.system_prompt=short"])
+    short = CoGR(tmp_path / "short", short_params, data)
+    short.run()
+    # the LLM seeds (G_0), SFT, GRPO rollouts and every index build: the short lines only
+    assert systems == {QUERY_SYSTEM_SHORT, ITEM_SYSTEM_SHORT}
+
+    # The knob re-keys every phase, the seeds included (G_0 writes them from item prompts).
+    full = CoGR(tmp_path / "short", load_params(REPO_ROOT / "params.yaml", OVERRIDES + ["cogr.rounds=1"]), data)
+    assert full.key("seed") != short.key("seed") and full.key("00_sft") != short.key("00_sft")
+
+    from coevo.serving.search import CoGRRetriever
+
+    retriever = CoGRRetriever.from_run(tmp_path / "short", short_params, data)
+    assert retriever.manifest["settings"]["context"]["system_prompt"] == "short"
+    ids = sorted(short.dataset.queries_in("test")["query_id"])
+    served = retriever.generate([short.query_text[q] for q in ids])
+    gen = short.generators(short.phase_index(short.best_phase()))["query"]
+    evaluated = short._generate_keywords(gen, short._query_prompts(ids), "check", seed=short.seed)
+    assert served == [list(k) for k in evaluated]  # serving prompts as the evaluation did

@@ -101,7 +101,7 @@ def ngram_histogram(keyword_sets: Mapping[str, Sequence[str]]) -> dict[str, int]
 # Knobs each CoGR phase depends on (besides `seed`); `rounds` and early stopping are left out,
 # so adding a round or changing the patience keeps every finished phase.
 SEED_KNOBS = ("generator", "seed_generator", "m_item_keywords", "n_query_keywords", "sampling", "seed_temperature",
-              "sft_init", "item_context")
+              "sft_init", "item_context", "system_prompt")
 NOT_SFT_KNOBS = ("rounds", "early_stopping", "grpo", "query_side_only", "item_reward")
 NOT_GRPO_KNOBS = ("rounds", "early_stopping")
 
