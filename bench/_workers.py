@@ -23,3 +23,15 @@ def run_json_worker(cmd: list[str], *, isa_cap: str | None, failure: str) -> dic
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"{failure} (exit {proc.returncode})")
     return json.loads(lines[-1])
+
+
+def parse_variants(specs: list[str], bench: str) -> dict[str, list[str]]:
+    """``--variant NAME=KEY=VALUE[,KEY=VALUE...]`` specs as {name: [KEY=VALUE, ...]}; a malformed one
+    ends the benchmark with one line naming it."""
+    variants: dict[str, list[str]] = {}
+    for spec in specs:
+        name, sep, settings = spec.partition("=")
+        if not sep or not name or "=" not in settings:
+            raise SystemExit(f"{bench}: --variant {spec!r} is not NAME=KEY=VALUE[,KEY=VALUE...]")
+        variants[name] = settings.split(",")
+    return variants

@@ -81,16 +81,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def custom_variants(specs: list[str]) -> dict[str, list[str]]:
-    variants: dict[str, list[str]] = {}
-    for spec in specs:
-        name, sep, settings = spec.partition("=")
-        if not sep or not name or "=" not in settings:
-            raise SystemExit(f"sft_step: --variant {spec!r} is not NAME=KEY=VALUE[,KEY=VALUE...]")
-        variants[name] = settings.split(",")
-    return variants
-
-
 # ------------------------------------------------------------------------------------ worker
 def sft_examples(project: Path, model: str, overrides: list[str], side: str) -> tuple[Any, list[dict[str, Any]]]:
     """(the CoGR run, its SFT examples of one side) from the real seed phase on the committed sample."""
@@ -212,11 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(measure(args.model, json.loads(args.overrides), args.side, args.steps)))
         return 0
+    from _workers import parse_variants
+
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"sft_step: unknown variant(s) {', '.join(unknown)}; built in: {', '.join(VARIANTS)} "
                          f"(others: --variant NAME=KEY=VALUE)")
-    variants = {"coevo": [], **{v: VARIANTS[v] for v in args.variants}, **custom_variants(args.variant)}
+    variants = {"coevo": [], **{v: VARIANTS[v] for v in args.variants}, **parse_variants(args.variant, "sft_step")}
     from coevo.config import load_params
 
     for name, overrides in variants.items():  # a bad knob fails here, in one line, before any work

@@ -14,6 +14,7 @@ of the script's last line (and, where the script reports one, its own correctnes
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -34,6 +35,7 @@ SMOKED = {
     "cohyde_round.py": "test_cohyde_round",
     "train_step.py": "test_train_step",
     "sft_step.py": "test_sft_step",
+    "sft_learning.py": "test_sft_learning",
     "scale_out.py": "test_scale_out",
     "serve.py": "test_serve",
     "pipeline_overhead.py": "test_pipeline_overhead",
@@ -203,6 +205,29 @@ def test_staleness_table(tmp_path):
     rows = [line for line in lines if line.startswith("| final split")]
     assert len(rows) == 1 and rows[0].endswith("| yes |") and "final evaluation (val)" in rows[0], rows
     last_line(lines, r"identical=True")
+
+
+@pytest.mark.slow
+def test_sft_learning(tmp_path):
+    """Seeds and SFT of the real pipeline per variant and cap; a second invocation adds to the report."""
+    common = ["--data", str(SAMPLE_DIR / "metatool"), "--queries", "0", "--out", str(tmp_path / "out"),
+              "--set", "cogr.generator=tiny", "--set", "cogr.seed_generator=null", "--set", "cogr.max_empty_share=1.0",
+              "--variant", "levers=cogr.system_prompt=short,cogr.lora.top_layers=1"]
+    run_bench(script("sft_learning.py", *common, "--caps", "3", "--only", "levers"), timeout=600)
+    lines = run_bench(script("sft_learning.py", *common, "--caps", "3", "6", "--only", "coevo"), timeout=600)
+    assert re.fullmatch(rf"sft_val_f1_per_min_coevo={FLOAT}", lines[-3]), lines[-3]
+    assert re.fullmatch(rf"sft_val_f1_per_min_levers={FLOAT}", lines[-2]), lines[-2]
+    last_line(lines, rf"sft_learning_best=(coevo|levers)@[36] val_f1={FLOAT} sft_min={FLOAT}")
+    record = json.loads((tmp_path / "out" / "sft_learning.json").read_text())
+    # queries seen = the capped SFT queries x params/cpu.yaml's 2 epochs; every item is an item-side example
+    assert sorted((r["variant"], r["cap"], r["queries_seen"], r["item_examples"]) for r in record["rows"]) == [
+        ("coevo", 3, 6, 40), ("coevo", 6, 12, 40), ("levers", 3, 6, 40)]
+    assert (tmp_path / "out" / "sft_learning.png").is_file()
+    stamp = tmp_path / "out" / "levers-q3" / "data" / "models" / "cogr" / "sft_learning" / "stamps" / "00_sft.json"
+    assert json.loads(stamp.read_text())["state"] == "done"
+    other = subprocess.run(script("sft_learning.py", *common[:-2], "--variant", "levers=cogr.lora.top_layers=2"),
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert other.returncode != 0 and "variant levers in" in other.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.slow

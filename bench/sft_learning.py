@@ -1,0 +1,221 @@
+"""What CoGR's SFT buys per CPU-minute: val F1 and recall@100 after SFT, against the SFT queries
+seen and the SFT minutes, per variant of ``--set`` overrides.
+
+Each point is the real pipeline on ``bench/efficacy.py``'s data (the same seeded MetaTool subset and
+splits as ``efficacy.py --method cogr --seed S``; params.yaml + params/cpu.yaml + the variant's
+overrides + ``cogr.max_train_queries=N``), run as far as the SFT phase: the Algorithm 1 seeds, then
+``00_sft``, whose record holds its own val evaluation (the SFT model's query keywords against the
+SFT model's item index). Test is never read, so a setting chosen here is chosen on val.
+Each point runs in a fresh subprocess on one torch thread, in a project folder of its own under
+``--out`` (``<variant>-q<N>``); a finished point whose keys still match is reused, not re-trained.
+
+- queries seen: the query-side SFT examples times ``cogr.sft.epochs`` (the train queries with seed
+  keywords, capped at N); the item side's examples (every item) come on top;
+- SFT min: the phase's own seconds (both sides; the seeds and data preparation not counted).
+
+The machine may be shared: compare minutes of one run, and val F1 of any run (it is deterministic).
+
+    .venv/bin/python bench/sft_learning.py --caps 200 400 800 \\
+        --variant levers=cogr.lora.top_layers=10,cogr.system_prompt=short
+    .venv/bin/python bench/sft_learning.py --data data/sample/metatool --queries 0 --caps 4 8 \\
+        --set cogr.generator=tiny --set cogr.seed_generator=null --set cogr.max_empty_share=1.0  # the smoke run
+
+Writes ``sft_learning.{json,csv,png}`` in ``--out``, with the points of earlier invocations on the
+same ``--out`` (``--only`` and ``--caps`` run a part at a time). The last lines are
+``sft_val_f1_per_min_<variant>=<x>`` (val F1 after SFT over SFT minutes at its largest cap) and
+last ``sft_learning_best=<variant>@<N> val_f1=<x> sft_min=<y>``: the point with the best val F1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+# One torch thread, as the efficacy runs train (efficacy.py, imported below, would default to every core).
+os.environ.setdefault("COEVO_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _workers import parse_variants, run_json_worker  # noqa: E402 - bench/ on the path first
+
+COLUMNS = ("variant", "cap", "queries_seen", "item_examples", "sft_min", "val_f1", "val_recall@100", "val_ndcg@10",
+           "train_f1", "query_keywords_mean", "query_empty", "peak_mb")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "metatool",
+                        help="a MetaTool source folder (all_clean_data.csv, plugin_des.json)")
+    parser.add_argument("--queries", type=int, default=None,
+                        help="seeded subset of its queries (default: efficacy.py's for cogr; 0 = all)")
+    parser.add_argument("--seed", type=int, default=42, help="params seed: data split, seeds, SFT")
+    parser.add_argument("--caps", type=int, nargs="+", default=[200, 400, 800],
+                        help="values of cogr.max_train_queries: the SFT queries per epoch of each point")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE...]",
+                        help="a variant besides coevo (params/cpu.yaml as it is): --set overrides")
+    parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                        help="run these variants only (default: coevo and every --variant)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of every variant (e.g. a smaller model)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "sft_learning",
+                        help="where the points' project folders and the results go")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--source", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--point-overrides", default="[]", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if any(c < 1 for c in args.caps):
+        parser.error("--caps: every cap must be at least 1")
+    return args
+
+
+# ------------------------------------------------------------------------------------ worker
+def sft_point(project: Path, source: Path, seed: int, overrides: list[str]) -> dict[str, Any]:
+    """Seeds and SFT of one point in ``project``; the SFT record's val metrics and sizes."""
+    import torch
+
+    from coevo.config import load_params
+    from coevo.pipeline import Pipeline
+    from efficacy import METHODS
+
+    torch.set_num_threads(1)
+    spec = METHODS["cogr"]
+    project.mkdir(parents=True, exist_ok=True)
+    os.chdir(project)
+    # the splits of efficacy.py --method cogr with this seed: the same val queries
+    params = load_params([ROOT / "params.yaml", ROOT / "params" / "cpu.yaml"],
+                         [f"seed={seed}", "data.loader=metatool", f"data.source={source}",
+                          "data.dataset=sft_learning", f"data.val_fraction={spec['val']}",
+                          f"data.test_fraction={spec['test']}", f"data.vague={spec['vague']}", *overrides])
+    pipe = Pipeline("cogr", params)
+    pipe.prepare().run()
+    pipe.validate().run()
+    method = pipe.method
+    method.run_phase("seed")
+    record = method.run_phase("00_sft")
+    train = record["train"]
+    train = ast.literal_eval(train) if isinstance(train, str) else train  # older stamps hold its repr
+    ev, words = record["eval"], record.get("keywords", {})
+    return {"queries_seen": int(train["query_examples"]) * params.cogr.sft.epochs,
+            "item_examples": int(train.get("item_examples", 0)), "sft_min": record["seconds"] / 60,
+            "val_f1": ev["f1"], "val_recall@100": ev["recall@100"], "val_ndcg@10": ev["ndcg@10"],
+            "train_f1": (record.get("train_set") or {}).get("f1"), "query_keywords_mean": words.get("query_mean"),
+            "query_empty": words.get("query_empty"),
+            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+
+def run_point(args: argparse.Namespace, source: Path, name: str, cap: int, overrides: list[str]) -> dict[str, Any]:
+    point = [*args.overrides, *overrides, f"cogr.max_train_queries={cap}"]
+    cmd = [sys.executable, __file__, "--worker", str(args.out / f"{name}-q{cap}"), "--source", str(source),
+           "--seed", str(args.seed), "--point-overrides", json.dumps(point)]
+    return {"variant": name, "cap": cap, **run_json_worker(cmd, isa_cap=None, failure=f"sft_learning: {name} "
+                                                                                      f"at cap {cap} failed")}
+
+
+# ------------------------------------------------------------------------------------ report
+def plot(rows: list[dict[str, Any]], dest: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        mine = sorted((r for r in rows if r["variant"] == name), key=lambda r: r["queries_seen"])
+        for ax, x in zip(axes, ("queries_seen", "sft_min")):
+            ax.plot([r[x] for r in mine], [r["val_f1"] for r in mine], marker="o", label=name)
+    axes[0].set_xlabel("SFT queries seen (examples x epochs)")
+    axes[1].set_xlabel("SFT minutes (one thread)")
+    for ax in axes:
+        ax.set_ylabel("val F1 after SFT")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle("CoGR: what SFT buys (val only)")
+    fig.tight_layout()
+    fig.savefig(dest, dpi=100)
+    plt.close(fig)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(sft_point(Path(args.worker), args.source, args.seed, json.loads(args.point_overrides))))
+        return 0
+    if args.out.exists() and (args.out / "sft_learning.json").is_file():
+        earlier = json.loads((args.out / "sft_learning.json").read_text())
+        if (earlier["seed"], earlier["data"], earlier["overrides"]) != (args.seed, str(args.data), args.overrides):
+            raise SystemExit(f"sft_learning: {args.out} holds points of seed {earlier['seed']}, --data "
+                             f"{earlier['data']}, --set {earlier['overrides']}: pass another --out")
+    variants = {"coevo": [], **parse_variants(args.variant, "sft_learning")}
+    if args.only:
+        unknown = [v for v in args.only if v not in variants]
+        if unknown:
+            raise SystemExit(f"sft_learning: --only {', '.join(unknown)}: no such variant ({', '.join(variants)})")
+        variants = {k: v for k, v in variants.items() if k in args.only}
+    from coevo.config import load_params
+
+    for name, overrides in variants.items():  # a bad knob fails here, in one line, before any work
+        try:
+            load_params([ROOT / "params.yaml", ROOT / "params" / "cpu.yaml"], [*args.overrides, *overrides])
+        except ValueError as exc:
+            raise SystemExit(f"sft_learning: variant {name}: {exc}") from None
+    from efficacy import data_source
+
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    source = data_source("cogr", args.data.resolve(), args.out, args.queries, args.seed)
+    # Points of earlier invocations on this --out stay in the report (--only runs a part at a time).
+    record = args.out / "sft_learning.json"
+    earlier = json.loads(record.read_text()) if record.is_file() else {"variants": {}, "rows": []}
+    for name, overrides in variants.items():
+        if earlier["variants"].get(name, overrides) != overrides:
+            raise SystemExit(f"sft_learning: variant {name} in {record} was {earlier['variants'][name]}, now "
+                             f"{overrides}: give it another name")
+    rows = {(r["variant"], r["cap"]): r for r in earlier["rows"]}
+    for name, overrides in variants.items():
+        for cap in sorted(set(args.caps)):
+            row = run_point(args, source, name, cap, overrides)
+            print(f"{name} q{cap}: " + ", ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}"
+                                                for k in COLUMNS[2:]), file=sys.stderr, flush=True)
+            rows[name, cap] = row
+            record.write_text(json.dumps({"seed": args.seed, "data": str(args.data), "overrides": args.overrides,
+                                          "variants": {**earlier["variants"], **variants},
+                                          "rows": list(rows.values())}, indent=1) + "\n")
+    rows = sorted(rows.values(), key=lambda r: (r["variant"], r["cap"]))
+    with (args.out / "sft_learning.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows({k: r.get(k) for k in COLUMNS} for r in rows)
+    png = plot(rows, args.out / "sft_learning.png")
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"CoGR SFT: val after SFT per queries seen (seed {args.seed}; val only, test not read)")
+    for column in COLUMNS:
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(*(f"{r[c]:.4f}" if isinstance(r[c], float) and c.startswith(("val", "train"))
+                        else f"{r[c]:.0f}" if c == "peak_mb" else f"{r[c]:.2f}" if isinstance(r[c], float)
+                        else str(r[c]) for c in COLUMNS))
+    Console(width=180).print(table)
+    print(f"results: {record}, {args.out / 'sft_learning.csv'}, {png}")
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        r = max((r for r in rows if r["variant"] == name), key=lambda r: r["cap"])
+        print(f"sft_val_f1_per_min_{name}={r['val_f1'] / max(r['sft_min'], 1e-9):.4f}")
+    best = max(rows, key=lambda r: (r["val_f1"], -r["sft_min"]))
+    print(f"sft_learning_best={best['variant']}@{best['cap']} val_f1={best['val_f1']:.4f} sft_min={best['sft_min']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
