@@ -192,6 +192,24 @@ def test_a_stamp_carries_the_numerics_and_the_phase_trains_under_the_knob(tmp_pa
     assert runtime.resolved_precision() == runtime.resolved_precision("auto")  # the policy ends with the phase
 
 
+def test_a_stamp_records_the_thread_count_the_phase_trained_with(tmp_path, params_file, monkeypatch):
+    class OneThread(Toy):  # as a phase whose model applies COEVO_THREADS=1 (coevo.runtime.limit_cpu_threads)
+        def _run(self, phase: Phase) -> dict[str, Any]:
+            runtime.limit_cpu_threads()
+            return super()._run(phase)
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("COEVO_THREADS", "1")
+    torch.set_num_threads(2)
+    try:
+        toy = OneThread(tmp_path / "run", load_params(params_file, ["runtime.precision=fp32"]), tmp_path / "data",
+                        data_fingerprint="data-md5")
+        toy.run_phase("00_sft")
+    finally:
+        torch.set_num_threads(before)
+    assert toy.numerics_of("00_sft")["torch_threads"] == "1"  # 2 when the phase started
+
+
 def test_precision_is_not_part_of_the_keys(tmp_path, params_file):
     assert _toy(tmp_path, params_file, "fp32").key("01_query") == _toy(tmp_path, params_file, "bf16").key("01_query")
 

@@ -261,8 +261,16 @@ class Method(ABC):
         if not self.is_done(name):
             self.check_numerics(current)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+
+        def work() -> dict[str, Any]:
+            result = self._run(phase)
+            # The phase's models set torch's thread count (coevo.runtime.limit_cpu_threads): the done
+            # stamp records the count it trained with, not the one before its first model existed.
+            current["torch_threads"] = numerics(self.params)["torch_threads"]
+            return result
+
         with precision_policy(self.params):
-            return run_stamped(self._stamp(name), self.key(name), self._outputs(phase), lambda: self._run(phase),
+            return run_stamped(self._stamp(name), self.key(name), self._outputs(phase), work,
                                resumable=phase.resumable, meta={"writes": list(phase.writes), "numerics": current})
 
     def check_numerics(self, current: Mapping[str, str]) -> None:
