@@ -13,7 +13,10 @@ Each point runs in a fresh subprocess on one torch thread, in a project folder o
   keywords, capped at N); the item side's examples (every item) come on top;
 - SFT min: the phase's own seconds (both sides; the seeds and data preparation not counted).
 
-The machine may be shared: compare minutes of one run, and val F1 of any run (it is deterministic).
+Every point's val F1 is compared with a reference point's (``--reference NAME@N``, default coevo
+at its largest cap), paired over the same val queries: the difference with its 95% bootstrap CI
+and randomisation p-value. The machine may be shared: compare minutes of one run, and val F1 of
+any run (it is deterministic on one machine and numerics).
 
     .venv/bin/python bench/sft_learning.py --caps 200 400 800 \\
         --variant levers=cogr.lora.top_layers=10,cogr.system_prompt=short
@@ -33,6 +36,7 @@ import ast
 import csv
 import json
 import os
+import re
 import resource
 import sys
 from pathlib import Path
@@ -47,7 +51,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _workers import parse_variants, run_json_worker  # noqa: E402 - bench/ on the path first
 
 COLUMNS = ("variant", "cap", "queries_seen", "item_examples", "sft_min", "val_f1", "val_recall@100", "val_ndcg@10",
-           "train_f1", "query_keywords_mean", "query_empty", "peak_mb")
+           "train_f1", "query_keywords_mean", "query_empty", "peak_mb", "val_f1_minus_reference")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,6 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="a variant besides coevo (params/cpu.yaml as it is): --set overrides")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help="run these variants only (default: coevo and every --variant)")
+    parser.add_argument("--reference", default=None, metavar="NAME@N",
+                        help="the point every other is compared with (paired over the val queries, 95%% bootstrap "
+                             "CI); default: coevo at its largest cap")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="an override of every variant (e.g. a smaller model)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "sft_learning",
@@ -74,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if any(c < 1 for c in args.caps):
         parser.error("--caps: every cap must be at least 1")
+    if args.reference is not None and not re.fullmatch(r"[^@]+@\d+", args.reference):
+        parser.error(f"--reference {args.reference!r}: expected NAME@N, e.g. coevo@400")
     return args
 
 
@@ -104,7 +113,9 @@ def sft_point(project: Path, source: Path, seed: int, overrides: list[str]) -> d
     train = record["train"]
     train = ast.literal_eval(train) if isinstance(train, str) else train  # older stamps hold its repr
     ev, words = record["eval"], record.get("keywords", {})
-    return {"queries_seen": int(train["query_examples"]) * params.cogr.sft.epochs,
+    # per-query val F1 from the phase's stored keywords (no generation): the paired comparisons' input
+    per_query = method.evaluate(0, "val", per_query=True)["per_query"]["f1"]
+    return {"val_f1_per_query": per_query, "queries_seen": int(train["query_examples"]) * params.cogr.sft.epochs,
             "item_examples": int(train.get("item_examples", 0)), "sft_min": record["seconds"] / 60,
             "val_f1": ev["f1"], "val_recall@100": ev["recall@100"], "val_ndcg@10": ev["ndcg@10"],
             "train_f1": (record.get("train_set") or {}).get("f1"), "query_keywords_mean": words.get("query_mean"),
@@ -121,6 +132,37 @@ def run_point(args: argparse.Namespace, source: Path, name: str, cap: int, overr
 
 
 # ------------------------------------------------------------------------------------ report
+def compare_with_reference(rows: list[dict[str, Any]], spec: str | None) -> dict[str, Any] | None:
+    """Each row's val F1 minus the reference point's, paired over the val queries (95% bootstrap CI),
+    as ``val_f1_minus_reference`` text; the reference row, or None when it is not among the points."""
+    from dataclasses import asdict
+
+    from coevo.report import difference_text
+    from coevo.stats import paired_difference
+
+    explicit = spec is not None
+    if spec is None:
+        mine = [r for r in rows if r["variant"] == "coevo"]
+        spec = f"coevo@{max(r['cap'] for r in mine)}" if mine else ""
+    name, _, cap = spec.partition("@")
+    found = [r for r in rows if r["variant"] == name and str(r["cap"]) == cap]
+    if not found:
+        if explicit:  # the points stay on disk: run again with another --reference
+            points = ", ".join(f"{r['variant']}@{r['cap']}" for r in rows)
+            raise SystemExit(f"sft_learning: --reference {spec}: no such point (points: {points})")
+        for r in rows:
+            r["val_f1_minus_reference"] = "-"
+        return None
+    ref = found[0]
+    for r in rows:
+        if r is ref:
+            r["val_f1_minus_reference"] = "reference"
+            continue
+        diff = paired_difference(r["val_f1_per_query"], ref["val_f1_per_query"])
+        r["val_f1_minus_reference"] = f"{difference_text(asdict(diff))} (n={diff.n})"
+    return ref
+
+
 def plot(rows: list[dict[str, Any]], dest: Path) -> Path:
     import matplotlib
 
@@ -181,15 +223,21 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"sft_learning: variant {name} in {record} was {earlier['variants'][name]}, now "
                              f"{overrides}: give it another name")
     rows = {(r["variant"], r["cap"]): r for r in earlier["rows"]}
+
+    def save() -> None:
+        record.write_text(json.dumps({"seed": args.seed, "data": str(args.data), "overrides": args.overrides,
+                                      "variants": {**earlier["variants"], **variants},
+                                      "rows": list(rows.values())}, indent=1) + "\n")
+
     for name, overrides in variants.items():
         for cap in sorted(set(args.caps)):
             row = run_point(args, source, name, cap, overrides)
             print(f"{name} q{cap}: " + ", ".join(f"{k}={row[k]:.4g}" if isinstance(row[k], float) else f"{k}={row[k]}"
-                                                for k in COLUMNS[2:]), file=sys.stderr, flush=True)
+                                                for k in COLUMNS[2:-1]), file=sys.stderr, flush=True)
             rows[name, cap] = row
-            record.write_text(json.dumps({"seed": args.seed, "data": str(args.data), "overrides": args.overrides,
-                                          "variants": {**earlier["variants"], **variants},
-                                          "rows": list(rows.values())}, indent=1) + "\n")
+            save()  # after every point: a later failure keeps the points before it
+    reference = compare_with_reference(sorted(rows.values(), key=lambda r: (r["variant"], r["cap"])), args.reference)
+    save()
     rows = sorted(rows.values(), key=lambda r: (r["variant"], r["cap"]))
     with (args.out / "sft_learning.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=COLUMNS)
@@ -200,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"CoGR SFT: val after SFT per queries seen (seed {args.seed}; val only, test not read)")
+    ref_text = f"{reference['variant']}@{reference['cap']}" if reference else "none"
+    table = Table(title=f"CoGR SFT: val after SFT per queries seen (seed {args.seed}; val only, test not read; "
+                        f"reference {ref_text})")
     for column in COLUMNS:
         table.add_column(column, justify="right")
     for r in rows:

@@ -223,6 +223,11 @@ def test_sft_learning(tmp_path):
     assert sorted((r["variant"], r["cap"], r["queries_seen"], r["item_examples"]) for r in record["rows"]) == [
         ("coevo", 3, 6, 40), ("coevo", 6, 12, 40), ("levers", 3, 6, 40)]
     assert (tmp_path / "out" / "sft_learning.png").is_file()
+    by_point = {(r["variant"], r["cap"]): r for r in record["rows"]}  # paired with coevo@6 over the val queries
+    assert by_point["coevo", 6]["val_f1_minus_reference"] == "reference"
+    assert re.fullmatch(rf"{FLOAT} \[{FLOAT}, {FLOAT}\] p=\S+ \(n=\d+\)", by_point["levers", 3]["val_f1_minus_reference"])
+    assert len(by_point["levers", 3]["val_f1_per_query"]) == int(by_point["levers", 3]["val_f1_minus_reference"]
+                                                                 .rsplit("n=", 1)[1].rstrip(")"))
     stamp = tmp_path / "out" / "levers-q3" / "data" / "models" / "cogr" / "sft_learning" / "stamps" / "00_sft.json"
     assert json.loads(stamp.read_text())["state"] == "done"
     other = subprocess.run(script("sft_learning.py", *common[:-2], "--variant", "levers=cogr.lora.top_layers=2"),
