@@ -11,7 +11,9 @@ Each point runs in a fresh subprocess on one torch thread, in a project folder o
 
 - queries seen: the query-side SFT examples times ``cogr.sft.epochs`` (the train queries with seed
   keywords, capped at N); the item side's examples (every item) come on top;
-- SFT min: the phase's own seconds (both sides; the seeds and data preparation not counted).
+- SFT min: the phase's own seconds (both sides; the seeds and data preparation not counted);
+- peak MB: the peak resident memory of the process that trained the point (kept when it is reused;
+  "-" for a point trained by an older version of this bench).
 
 Every point's val F1 is compared with a reference point's (``--reference NAME@N``, default coevo
 at its largest cap), paired over the same val queries: the difference with its 95% bootstrap CI
@@ -109,7 +111,11 @@ def sft_point(project: Path, source: Path, seed: int, overrides: list[str]) -> d
     pipe.validate().run()
     method = pipe.method
     method.run_phase("seed")
+    trained_here = not method.is_done("00_sft")
     record = method.run_phase("00_sft")
+    peak_file = project / "sft_peak_mb.json"  # the peak of the process that trained it; a reuse keeps it
+    if trained_here:
+        peak_file.write_text(json.dumps(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0))
     train = record["train"]
     train = ast.literal_eval(train) if isinstance(train, str) else train  # older stamps hold its repr
     ev, words = record["eval"], record.get("keywords", {})
@@ -120,7 +126,7 @@ def sft_point(project: Path, source: Path, seed: int, overrides: list[str]) -> d
             "val_f1": ev["f1"], "val_recall@100": ev["recall@100"], "val_ndcg@10": ev["ndcg@10"],
             "train_f1": (record.get("train_set") or {}).get("f1"), "query_keywords_mean": words.get("query_mean"),
             "query_empty": words.get("query_empty"),
-            "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+            "peak_mb": json.loads(peak_file.read_text()) if peak_file.is_file() else None}
 
 
 def run_point(args: argparse.Namespace, source: Path, name: str, cap: int, overrides: list[str]) -> dict[str, Any]:
@@ -157,6 +163,9 @@ def compare_with_reference(rows: list[dict[str, Any]], spec: str | None) -> dict
     for r in rows:
         if r is ref:
             r["val_f1_minus_reference"] = "reference"
+            continue
+        if "val_f1_per_query" not in r or "val_f1_per_query" not in ref:  # a point of an older version of this bench
+            r["val_f1_minus_reference"] = "- (run the point again for its per-query values)"
             continue
         diff = paired_difference(r["val_f1_per_query"], ref["val_f1_per_query"])
         r["val_f1_minus_reference"] = f"{difference_text(asdict(diff))} (n={diff.n})"
@@ -255,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         table.add_column(column, justify="right")
     for r in rows:
         table.add_row(*(f"{r[c]:.4f}" if isinstance(r[c], float) and c.startswith(("val", "train"))
-                        else f"{r[c]:.0f}" if c == "peak_mb" else f"{r[c]:.2f}" if isinstance(r[c], float)
+                        else f"{r[c]:.0f}" if c == "peak_mb" and r[c] is not None
+                        else f"{r[c]:.2f}" if isinstance(r[c], float) else "-" if r[c] is None
                         else str(r[c]) for c in COLUMNS))
     Console(width=180).print(table)
     print(f"results: {record}, {args.out / 'sft_learning.csv'}, {png}")

@@ -230,6 +230,11 @@ def test_sft_learning(tmp_path):
                                                                  .rsplit("n=", 1)[1].rstrip(")"))
     stamp = tmp_path / "out" / "levers-q3" / "data" / "models" / "cogr" / "sft_learning" / "stamps" / "00_sft.json"
     assert json.loads(stamp.read_text())["state"] == "done"
+    # A reused point keeps its figures and the peak memory of the process that trained it.
+    run_bench(script("sft_learning.py", *common, "--caps", "3", "--only", "levers"), timeout=600)
+    again = {(r["variant"], r["cap"]): r for r in json.loads((tmp_path / "out" / "sft_learning.json").read_text())["rows"]}
+    assert again["levers", 3]["peak_mb"] == by_point["levers", 3]["peak_mb"] > 100
+    assert again["levers", 3]["val_f1_per_query"] == by_point["levers", 3]["val_f1_per_query"]
     other = subprocess.run(script("sft_learning.py", *common[:-2], "--variant", "levers=cogr.lora.top_layers=2"),
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert other.returncode != 0 and "variant levers in" in other.stderr.strip().splitlines()[-1]
