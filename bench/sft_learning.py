@@ -201,11 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(sft_point(Path(args.worker), args.source, args.seed, json.loads(args.point_overrides))))
         return 0
-    if args.out.exists() and (args.out / "sft_learning.json").is_file():
-        earlier = json.loads((args.out / "sft_learning.json").read_text())
-        if (earlier["seed"], earlier["data"], earlier["overrides"]) != (args.seed, str(args.data), args.overrides):
-            raise SystemExit(f"sft_learning: {args.out} holds points of seed {earlier['seed']}, --data "
-                             f"{earlier['data']}, --set {earlier['overrides']}: pass another --out")
+    # Points of earlier invocations on this --out stay in the report (--only runs a part at a time).
+    record = args.out.resolve() / "sft_learning.json"
+    earlier = json.loads(record.read_text()) if record.is_file() else None
+    if earlier and (earlier["seed"], earlier["data"], earlier["overrides"]) != (args.seed, str(args.data), args.overrides):
+        raise SystemExit(f"sft_learning: {args.out} holds points of seed {earlier['seed']}, --data "
+                         f"{earlier['data']}, --set {earlier['overrides']}: pass another --out")
+    earlier = earlier or {"variants": {}, "rows": []}
     variants = {"coevo": [], **parse_variants(args.variant, "sft_learning")}
     if args.only:
         unknown = [v for v in args.only if v not in variants]
@@ -219,18 +221,14 @@ def main(argv: list[str] | None = None) -> int:
             load_params([ROOT / "params.yaml", ROOT / "params" / "cpu.yaml"], [*args.overrides, *overrides])
         except ValueError as exc:
             raise SystemExit(f"sft_learning: variant {name}: {exc}") from None
+        if earlier["variants"].get(name, overrides) != overrides:
+            raise SystemExit(f"sft_learning: variant {name} in {record} was {earlier['variants'][name]}, now "
+                             f"{overrides}: give it another name")
     from efficacy import data_source
 
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     source = data_source("cogr", args.data.resolve(), args.out, args.queries, args.seed)
-    # Points of earlier invocations on this --out stay in the report (--only runs a part at a time).
-    record = args.out / "sft_learning.json"
-    earlier = json.loads(record.read_text()) if record.is_file() else {"variants": {}, "rows": []}
-    for name, overrides in variants.items():
-        if earlier["variants"].get(name, overrides) != overrides:
-            raise SystemExit(f"sft_learning: variant {name} in {record} was {earlier['variants'][name]}, now "
-                             f"{overrides}: give it another name")
     rows = {(r["variant"], r["cap"]): r for r in earlier["rows"]}
 
     def save() -> None:
