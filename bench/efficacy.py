@@ -21,8 +21,8 @@ The comparison each paper makes (``--vague``, default per method, coevo.data.vag
 Printed: one line per phase, the final table(s), where the learning curves are (MLflow run and a
 PNG), ``<method>_gain_ci_low=<x>`` (the lower bound of the 95% CI of final - start on the headline
 metric), and last ``<method>_vs_baseline_ci_low=<x>``: the same for final - the baseline the
-paper claims to beat, on the comparison the paper makes: CoGR test F1 - the best BM25/dense
-F1@k (k chosen on val); GRAPE test R@10 - the raw query under the same frozen encoder, in the shift
+paper claims to beat, on the comparison the paper makes: CoGR test F1 - BM25's F1@k (k chosen on
+val; the dense baseline stays a row and ``vs best baseline`` when it is best on val); GRAPE test R@10 - the raw query under the same frozen encoder, in the shift
 setting; CoHyDE NDCG@5 on the vague set - S1a (the encoder fine-tuned alone, on the raw query).
 Library output (TRL's per-step dictionaries, warnings, progress bars) goes to ``<out>/efficacy.log``;
 the results, as data, to ``<out>/efficacy.json`` (``bench/seeds.py`` sets seeds side by side).

@@ -344,8 +344,9 @@ def evaluation_table(
     baseline result} with per-query values on the final split. The chosen phase is
     compared with the method's start (``final["start_phase"]``, default its first row) and
     with the baseline that is best on val by the headline metric (``columns[0]``), on every
-    column both sides have per-query values for. ``paper_baseline`` (a phase of the final rows:
-    the baseline the method's paper claims to beat) adds the comparisons ``vs paper baseline``;
+    column both sides have per-query values for. ``paper_baseline`` (the baseline the method's paper
+    claims to beat: a name of ``baselines``, compared at its k* chosen on val, or a phase of the
+    final rows) adds the comparisons ``vs paper baseline``;
     None means the paper's baseline is the best baseline (``vs best baseline`` answers it).
     """
     split = final["split"]
@@ -372,10 +373,14 @@ def evaluation_table(
     reference = next(r for r in baseline_split_rows if r["baseline"] == chosen)
     others = [(VS_START, start_row, final["rows"][start_index].get("per_query", {})),
               (VS_BASELINE, reference, baselines[chosen].get("per_query", {}))]
-    if paper_baseline is not None:
+    if paper_baseline in baselines:  # a retrieval baseline at its k* chosen on val (CoGR: BM25)
+        paper_row = next(r for r in baseline_split_rows if r["baseline"] == paper_baseline)
+        others.append((VS_PAPER, paper_row, baselines[paper_baseline].get("per_query", {})))
+    elif paper_baseline is not None:  # a row of the method's own final evaluation (GRAPE: raw query, CoHyDE: S1a)
         paper_index = next((i for i, r in enumerate(final["rows"]) if r["phase"] == paper_baseline), None)
         if paper_index is None:
-            raise ValueError(f"{method}: the paper's baseline {paper_baseline!r} is not a row of the final evaluation "
+            raise ValueError(f"{method}: the paper's baseline {paper_baseline!r} is neither a baseline "
+                             f"({', '.join(baselines)}) nor a row of the final evaluation "
                              f"(rows: {', '.join(r['phase'] for r in final['rows'])})")
         others.append((VS_PAPER, method_rows[paper_index], final["rows"][paper_index].get("per_query", {})))
     comparisons = []
@@ -393,7 +398,7 @@ def evaluation_table(
         "best_baseline": {"baseline": chosen, "metric": baseline_metric, "chosen_on": val_split,
                           "chosen_k": baselines[chosen]["chosen_k"]},
         "paper_baseline": {"name": VS_PAPER if paper_baseline else VS_BASELINE,
-                           "row": paper_baseline or baseline_short(chosen)},
+                           "row": baseline_short(paper_baseline or chosen)},
         "bootstrap": dict(bootstrap), "rows": rows, "comparisons": comparisons,
     }
 

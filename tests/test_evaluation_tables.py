@@ -83,6 +83,32 @@ def test_every_claimed_difference_has_the_ci_and_p_value_of_coevo_stats(case):
     assert by[("vs best baseline", "f1")]["b"] == "BM25 @k*=3 (test)"
 
 
+def test_a_paper_baseline_named_by_a_retrieval_baseline_is_compared_at_its_val_chosen_k(case):
+    """CoGR's paper baseline is BM25: the table compares with the named baseline even where another one is
+    best on val (here dense is named, BM25 is best on val), on its F1@k* and every shared column."""
+    table, v = case
+    final = {"split": "test", "best_phase": "02_item", "start_phase": "00_sft",
+             "rows": [{"label": "SFT start", "phase": "00_sft", "split": "test", "f1": mean(v["start"]),
+                       "n_queries": 12, "per_query": {"f1": v["start"]}},
+                      {"label": "best phase 02_item", "phase": "02_item", "split": "test", "f1": mean(v["final"]),
+                       "n_queries": 12, "per_query": {"f1": v["final"], "ndcg@10": v["final"]}}]}
+    baselines = {"bm25": baseline("bm25", v["bm25"], val_f1=0.6), "dense": baseline("dense", v["dense"], val_f1=0.4)}
+    named = report.evaluation_table(method="cogr", dataset="toy", columns=report.table_columns(("f1", "ndcg@10")),
+                                    val_rows=[], final=final, baselines=baselines, bootstrap=BOOT, cutoffs=[1, 3],
+                                    paper_baseline="dense")
+    assert named["best_baseline"]["baseline"] == "bm25"  # still chosen on val
+    assert named["paper_baseline"] == {"name": "vs paper baseline", "row": "dense"}
+    paper = {c["metric"]: c for c in named["comparisons"] if c["name"] == "vs paper baseline"}
+    assert set(paper) == {"f1", "ndcg@10"} and paper["f1"]["b"] == "dense @k*=3 (test)"
+    expected = paired_difference(v["final"], v["dense"], resamples=1000, permutations=1000, seed=7, confidence=0.95)
+    assert (paper["f1"]["mean"], paper["f1"]["ci_low"], paper["f1"]["ci_high"], paper["f1"]["p_value"]) == \
+        pytest.approx((expected.mean, expected.ci_low, expected.ci_high, expected.p_value))
+    with pytest.raises(ValueError, match="the paper's baseline 'splade' is neither a baseline \\(bm25, dense\\) "
+                                         "nor a row of the final evaluation \\(rows: 00_sft, 02_item\\)"):
+        report.evaluation_table(method="cogr", dataset="toy", columns=["f1"], val_rows=[], final=final,
+                                baselines=baselines, bootstrap=BOOT, cutoffs=[1, 3], paper_baseline="splade")
+
+
 def test_every_row_and_the_table_say_their_split_and_query_count(case):
     table, _ = case
     assert table["split"] == "test" and table["n_queries"] == 12 and table["cutoffs"] == [1, 3, 5, 10]
@@ -190,7 +216,11 @@ def test_reports_step_writes_the_table_into_metrics_json(case, tmp_path, monkeyp
     assert written["numerics"] == {"precision": "fp32", "phase": written["best_phase"]}  # the chosen phase's
     ev = written["evaluation"]
     assert ev["split"] == "test" and ev["n_queries"] == 12 and ev["bootstrap"]["resamples"] == 1000
-    assert {c["name"] for c in ev["comparisons"]} == {"vs start", "vs best baseline"}
+    # CoGR's paper baseline is BM25 (here also the best on val): the same difference under both names
+    assert {c["name"] for c in ev["comparisons"]} == {"vs start", "vs best baseline", "vs paper baseline"}
+    assert ev["paper_baseline"] == {"name": "vs paper baseline", "row": "BM25"}
+    by = {(c["name"], c["metric"]): c["mean"] for c in ev["comparisons"]}
+    assert by[("vs paper baseline", "f1")] == by[("vs best baseline", "f1")] == pytest.approx(mean(v["final"]) - mean(v["bm25"]))
     assert written["baselines"]["bm25"]["test"]["f1"] == pytest.approx(mean(v["bm25"]))
     assert [r["n_queries"] for r in ev["rows"]] == [8, 8, 8, 8, 12, 12, 12, 12]
 

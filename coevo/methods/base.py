@@ -94,8 +94,9 @@ class Method(ABC):
     code: ClassVar[tuple[str, ...]]
     #: metrics shown in the flow's final table
     table_metrics: ClassVar[tuple[str, ...]]
-    # The baseline the method's paper claims to beat, as a phase of final_evaluation's rows (GRAPE: the
-    # raw query, CoHyDE: S1a); None = the best BM25/dense baseline (CoGR). Every final table compares with it.
+    # The baseline the method's paper claims to beat: a retrieval baseline's name ("bm25", "dense": at its
+    # F1@k with k chosen on val; CoGR: BM25) or a phase of final_evaluation's rows (GRAPE: the raw query,
+    # CoHyDE: S1a); None = the best BM25/dense baseline on val. Every final table compares with it.
     paper_baseline: ClassVar[str | None] = None
     #: knobs that decide which phases exist or run (not part of any phase key; DVC tracks them)
     plan_params: ClassVar[tuple[str, ...]] = ()

@@ -175,6 +175,7 @@ class CoGR(Method):
             "coevo.models", "coevo.train", "coevo.rewards.cogr", "coevo.retrieval", "coevo.data.schema", "coevo.io", "coevo.runtime", "coevo.compute")
     plan_params = ("cogr.rounds", "cogr.sft_init", "cogr.query_side_only", "cogr.early_stopping")
     table_metrics = ("f1", "recall@100", "ndcg@10")
+    paper_baseline = "bm25"  # the sparse lexical retriever CoGR's keyword index replaces (F1@k, k chosen on val)
 
     def __init__(
         self,
