@@ -126,9 +126,12 @@ def pad_share(lengths: list[int], batch_size: int, seed: int = 0) -> float:
     return 1.0 - sum(map(sum, batches)) / sum(len(b) * max(b) for b in batches)
 
 
-def raw_forward_backward(generator: Generator, examples: list[dict[str, Any]], batch_size: int) -> float:
-    """Seconds of one raw forward+backward of a padded batch of ``examples`` in the precision
-    training uses (bf16 autocast where the trainer would use it)."""
+def raw_forward_backward(generator: Generator, examples: list[dict[str, Any]], batch_size: int, accumulate: int = 1) -> float:
+    """Seconds of the raw forward+backward of one optimizer step's examples, as padded batches of
+    ``batch_size`` (``accumulate`` of them under gradient accumulation), in the precision training uses
+    (bf16 autocast where the trainer would use it)."""
+    if accumulate > 1:
+        return sum(raw_forward_backward(generator, examples[i * batch_size:], batch_size) for i in range(accumulate))
     import torch
 
     from coevo.train.common import trainer_device_args
@@ -161,7 +164,10 @@ def measure(model: str, overrides: list[str], side: str, steps: int) -> dict[str
         sft, seed = run.cfg.sft, run.seed
         generator = run._new_generator(run.cfg.generator)  # as CoGR.sft creates it: LoRA of params
         lengths = token_lengths(generator, examples)
-        raw_before = raw_forward_backward(generator, examples, sft.batch_size)
+        # examples per optimizer step: a micro-batch times TRL's gradient accumulation
+        accumulate = int(sft.trl.get("gradient_accumulation_steps", 1))
+        per_step = sft.batch_size * accumulate
+        raw_before = raw_forward_backward(generator, examples, sft.batch_size, accumulate)
 
         logged: list[dict[str, float]] = []
 
@@ -169,11 +175,11 @@ def measure(model: str, overrides: list[str], side: str, steps: int) -> dict[str
             def training_log(self, series: str, step: int, values: dict[str, float]) -> None:
                 logged.append(values)
 
-        epoch = math.ceil(len(examples) / sft.batch_size)
+        epoch = math.ceil(len(examples) / per_step)
         with progress.listening(Steps()):
             train_sft(generator, examples, sft, workdir / "out", seed, max_steps=steps + 1 if steps else epoch,
                       what="SFT bench")
-        raw_after = raw_forward_backward(generator, examples, sft.batch_size)
+        raw_after = raw_forward_backward(generator, examples, sft.batch_size, accumulate)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     measured = logged if not steps else logged[1:]  # an epoch counts every step; a window skips the warm-up
@@ -181,8 +187,8 @@ def measure(model: str, overrides: list[str], side: str, steps: int) -> dict[str
     # TRL logs the trained (non-pad) tokens so far: the window's own tokens, whatever batches it drew
     tokens = measured[-1]["num_tokens"] - (logged[0]["num_tokens"] if steps else 0)
     raw = (raw_before + raw_after) / 2
-    examples_seen = len(examples) if not steps else sft.batch_size * len(measured)
-    return {"examples": len(examples), "batch_size": sft.batch_size, "steps": len(measured),
+    examples_seen = len(examples) if not steps else per_step * len(measured)
+    return {"examples": len(examples), "batch_size": sft.batch_size, "accumulate": accumulate, "steps": len(measured),
             "step_s": seconds / len(measured), "examples_per_s": examples_seen / seconds, "tokens_per_s": tokens / seconds,
             "mean_tokens": statistics.mean(lengths), "pad_share": pad_share(lengths, sft.batch_size),
             "raw_s": raw, "step_vs_raw": seconds / len(measured) / raw,
@@ -222,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
     window = f"{args.steps} steps after a warm-up" if args.steps else "one epoch"
     table = Table(title=f"CoGR SFT on CPU ({args.model}, {args.side} side, 1 thread; {window})")
-    for column in ("variant", "cpu isa", "step s", "examples/s", "tokens/s", "pad share", "raw s", "step / raw",
+    for column in ("variant", "cpu isa", "batch", "step s", "examples/s", "tokens/s", "pad share", "raw s", "step / raw",
                    "peak MB", "examples/s vs coevo"):
         table.add_column(column, justify="right")
     ratios: dict[str, float] = {}
@@ -235,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
             if name != "coevo":
                 ratios[f"{name}_{isa}"] = ratio
             Console(stderr=True).print(f"{name} {isa}: {json.dumps(r)}", highlight=False)
-            table.add_row(name, isa, f"{r['step_s']:.2f}", f"{r['examples_per_s']:.2f}", f"{r['tokens_per_s']:.0f}",
+            batch = f"{r['batch_size']}x{r['accumulate']}" if r["accumulate"] > 1 else str(r["batch_size"])
+            table.add_row(name, isa, batch, f"{r['step_s']:.2f}", f"{r['examples_per_s']:.2f}", f"{r['tokens_per_s']:.0f}",
                           f"{r['pad_share']:.2f}", f"{r['raw_s']:.2f}", f"{r['step_vs_raw']:.2f}",
                           f"{r['peak_mb']:.0f}", f"{ratio:.2f}")
     Console(width=160).print(table)

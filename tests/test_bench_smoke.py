@@ -133,9 +133,13 @@ def test_train_step(tmp_path):
 def test_sft_step(tmp_path):
     """CoGR's SFT examples from the real seed phase, one step of each variant, ratios against coevo's."""
     lines = run_bench(script("sft_step.py", "--model", "tiny", "--steps", "1", "--variants", "group_by_length",
+                             "--variant", "micro=cogr.sft.batch_size=2,cogr.sft.trl.gradient_accumulation_steps=4",
                              "--variant", "lr_low=cogr.sft.learning_rate=1e-4"), timeout=600, env={"TMPDIR": str(tmp_path)})
-    assert re.fullmatch(rf"sft_examples_per_s_ratio_group_by_length_native={FLOAT}", lines[-2]), lines[-2]
+    assert re.fullmatch(rf"sft_examples_per_s_ratio_group_by_length_native={FLOAT}", lines[-3]), lines[-3]
+    assert re.fullmatch(rf"sft_examples_per_s_ratio_micro_native={FLOAT}", lines[-2]), lines[-2]
     last_line(lines, rf"sft_examples_per_s_ratio_lr_low_native={FLOAT}")
+    # a step under gradient accumulation holds micro-batch x accumulation examples (8, as coevo's batch of 8)
+    assert re.search(r"micro .*native .*2x4 ", next(line for line in lines if " micro " in line))
     bad = subprocess.run(script("sft_step.py", "--model", "tiny", "--variant", "typo=cogr.sft.learning_rat=1"),
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and bad.stderr.strip().splitlines()[-1].startswith("sft_step: variant typo: ")
