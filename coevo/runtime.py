@@ -87,8 +87,10 @@ NUMERICS_PACKAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("faiss", ("faiss-cpu", "faiss-gpu", "faiss")),
 )
 NOT_INSTALLED = "not installed"
-# What must match for a run folder to be resumed (see coevo.methods.base).
+# What must match for a run folder to be resumed (see coevo.methods.base); the bf16 units too
+# where the finished phases trained in bf16.
 RESUME_NUMERICS = ("precision", "cpu_isa", "onednn_max_cpu_isa")
+BF16_RESUME_NUMERICS = ("bf16_units",)
 
 _precision_knob = "auto"
 
@@ -111,6 +113,22 @@ def cpu_bf16_is_fast() -> bool:
     # faster. No timing probe: on a busy machine a probe flipped between processes, and a resumed
     # run then refused its own phases as "trained under other numerics".
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_bf16_units() -> str:
+    """The bf16 matrix units of this CPU: ``AMX`` (Intel Xeon since Sapphire Rapids), ``AVX512_BF16``
+    (AMD Zen 4, Intel Cooper Lake) or ``none``. torch calls both kinds ``AVX512``, but oneDNN runs
+    other bf16 matmul kernels on each (brg_matmul ``avx512_core_amx`` against ``avx512_core_bf16``),
+    so a bf16 figure is reproduced on the same units only. ``unknown`` where torch cannot tell."""
+    import torch
+
+    try:
+        if torch.cpu._is_amx_tile_supported():
+            return "AMX"
+        return "AVX512_BF16" if torch.cpu._is_avx512_bf16_supported() else "none"
+    except AttributeError:  # a torch without these probes
+        return "unknown"
 
 
 def _knob(precision: Any) -> str:
@@ -166,6 +184,7 @@ def numerics(precision: Any = None) -> dict[str, str]:
         "precision": resolved_precision(precision),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "cpu_isa": torch.backends.cpu.get_cpu_capability(),
+        "bf16_units": cpu_bf16_units(),
         "onednn_max_cpu_isa": os.environ.get(ONEDNN_ISA_ENV, ""),
         "torch_threads": str(torch.get_num_threads()),
     }
@@ -174,8 +193,11 @@ def numerics(precision: Any = None) -> dict[str, str]:
 
 
 def describe_numerics(record: dict[str, Any]) -> str:
-    """``bf16 on AVX512 (torch 2.4.1)``, with ``, ONEDNN_MAX_CPU_ISA=AVX2`` when oneDNN was capped."""
+    """``bf16 on AVX512+AMX (torch 2.4.1)`` (the bf16 units named where the precision is bf16 and the
+    record has them), with ``, ONEDNN_MAX_CPU_ISA=AVX2`` when oneDNN was capped."""
     isa = record.get("cpu_isa", "?")
+    if record.get("precision") == "bf16" and record.get("bf16_units") not in (None, "", "none", "unknown"):
+        isa += f"+{record['bf16_units']}"
     if record.get("onednn_max_cpu_isa"):
         isa += f", {ONEDNN_ISA_ENV}={record['onednn_max_cpu_isa']}"
     return f"{record.get('precision', '?')} on {isa} (torch {record.get('torch', '?')})"

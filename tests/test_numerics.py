@@ -19,7 +19,7 @@ from coevo.methods.base import Method, NumericsMismatch, Phase
 from coevo.train import common
 from tests.conftest import REPO_ROOT
 
-KEYS = ["precision", "device", "cpu_isa", "onednn_max_cpu_isa", "torch_threads", "torch", "transformers", "trl",
+KEYS = ["precision", "device", "cpu_isa", "bf16_units", "onednn_max_cpu_isa", "torch_threads", "torch", "transformers", "trl",
         "peft", "sentence_transformers", "faiss"]
 
 
@@ -219,14 +219,14 @@ def test_resume_under_other_numerics_is_refused(tmp_path, params_file):
     first.run_phase("00_sft")
     # faked: the phase was trained on another machine (bf16, AVX512 capped nowhere)
     stamp = json.loads(_stamp(first, "00_sft").read_text())
-    stamp["numerics"].update(precision="bf16", cpu_isa="AVX512", onednn_max_cpu_isa="", torch="2.4.1")
+    stamp["numerics"].update(precision="bf16", cpu_isa="AVX512", bf16_units="AMX", onednn_max_cpu_isa="", torch="2.4.1")
     _stamp(first, "00_sft").write_text(json.dumps(stamp))
 
     here = _toy(tmp_path, params_file, "fp32")
     current = runtime.numerics("fp32")
     isa = current["cpu_isa"] + (f", ONEDNN_MAX_CPU_ISA={current['onednn_max_cpu_isa']}"
                                 if current["onednn_max_cpu_isa"] else "")
-    expected = (f"run folder {here.run_dir}: phase 00_sft was trained with bf16 on AVX512 (torch 2.4.1); this machine "
+    expected = (f"run folder {here.run_dir}: phase 00_sft was trained with bf16 on AVX512+AMX (torch 2.4.1); this machine "
                 f"resolves fp32 on {isa} (torch {current['torch']}): use a fresh run folder or set "
                 f"runtime.precision=bf16")
     with pytest.raises(NumericsMismatch) as info:
@@ -234,7 +234,7 @@ def test_resume_under_other_numerics_is_refused(tmp_path, params_file):
     assert str(info.value) == expected
     assert isinstance(info.value, ValueError)
     assert not _stamp(here, "01_query").exists() and not (here.run_dir / "query").exists()
-    with pytest.raises(NumericsMismatch, match="phase 00_sft was trained with bf16 on AVX512"):
+    with pytest.raises(NumericsMismatch, match=r"phase 00_sft was trained with bf16 on AVX512\+AMX"):
         here.run()
     # a finished phase is still answered from its stamp: nothing is trained
     assert here.run_phase("00_sft")["phase"] == "00_sft"
@@ -247,9 +247,53 @@ def test_resume_on_another_isa_is_refused_with_the_same_precision(tmp_path, para
     stamp["numerics"].update(cpu_isa="AVX2", onednn_max_cpu_isa="AVX2")
     _stamp(first, "00_sft").write_text(json.dumps(stamp))
     with pytest.raises(NumericsMismatch, match=r"trained with fp32 on AVX2, ONEDNN_MAX_CPU_ISA=AVX2 \(torch .*\); "
-                       r"this machine resolves fp32 on .*: use a fresh run folder or run on a machine with that CPU "
+                       r"this machine resolves fp32 on .*: use a fresh run folder or run on a machine with the same CPU "
                        r"ISA and ONEDNN_MAX_CPU_ISA setting"):
         _toy(tmp_path, params_file, "fp32").run_phase("01_query")
+
+
+def test_the_bf16_units_are_recorded_and_named_for_bf16(monkeypatch):
+    """AMX and AVX512-BF16 CPUs are both AVX512 to torch; the record tells them apart by torch's own probes."""
+    import torch
+
+    assert runtime.numerics("fp32")["bf16_units"] == (
+        "AMX" if torch.cpu._is_amx_tile_supported() else "AVX512_BF16" if torch.cpu._is_avx512_bf16_supported()
+        else "none")
+    for amx, avx512_bf16, units in ((True, True, "AMX"), (False, True, "AVX512_BF16"), (False, False, "none")):
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda b=avx512_bf16: b)
+        runtime.cpu_bf16_units.cache_clear()
+        assert runtime.cpu_bf16_units() == units
+    runtime.cpu_bf16_units.cache_clear()
+    record = {"precision": "bf16", "cpu_isa": "AVX512", "bf16_units": "AMX", "torch": "2.14.1"}
+    assert runtime.describe_numerics(record) == "bf16 on AVX512+AMX (torch 2.14.1)"
+    assert runtime.describe_numerics({**record, "precision": "fp32"}) == "fp32 on AVX512 (torch 2.14.1)"
+    assert runtime.describe_numerics({**record, "bf16_units": "none", "onednn_max_cpu_isa": "AVX2"}) == \
+        "bf16 on AVX512, ONEDNN_MAX_CPU_ISA=AVX2 (torch 2.14.1)"
+
+
+def test_resume_of_bf16_phases_on_other_bf16_units_is_refused_and_of_fp32_ones_is_not(tmp_path, params_file):
+    first = _toy(tmp_path, params_file, "bf16")
+    first.run_phase("00_sft")
+    here_units = runtime.numerics("bf16")["bf16_units"]
+    other = "AMX" if here_units != "AMX" else "AVX512_BF16"
+    stamp = json.loads(_stamp(first, "00_sft").read_text())
+    stamp["numerics"]["bf16_units"] = other
+    _stamp(first, "00_sft").write_text(json.dumps(stamp))
+    with pytest.raises(NumericsMismatch, match=rf"trained with bf16 on \w+\+{other}.*: use a fresh run folder or run "
+                       r"on a machine with the same bf16 units"):
+        _toy(tmp_path, params_file, "bf16").run_phase("01_query")
+    # a stamp from before bf16_units was recorded resumes
+    del stamp["numerics"]["bf16_units"]
+    _stamp(first, "00_sft").write_text(json.dumps(stamp))
+    assert _toy(tmp_path, params_file, "bf16").run_phase("01_query")["phase"] == "01_query"
+
+    fp32 = _toy(tmp_path / "fp32", params_file, "fp32")
+    fp32.run_phase("00_sft")
+    stamp = json.loads(_stamp(fp32, "00_sft").read_text())
+    stamp["numerics"]["bf16_units"] = other  # fp32 kernels do not use the bf16 units
+    _stamp(fp32, "00_sft").write_text(json.dumps(stamp))
+    assert _toy(tmp_path / "fp32", params_file, "fp32").run_phase("01_query")["phase"] == "01_query"
 
 
 def test_old_stamps_without_numerics_are_accepted(tmp_path, params_file):

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from coevo import distributed
 from coevo.config import Params
-from coevo.runtime import RESUME_NUMERICS, describe_numerics, numerics, precision_policy
+from coevo.runtime import BF16_RESUME_NUMERICS, RESUME_NUMERICS, describe_numerics, numerics, precision_policy
 from coevo.steps import code_hash, fingerprint, is_done, read_stamp, remove_outputs, run_stamped, select, step_key
 
 if TYPE_CHECKING:
@@ -276,20 +276,24 @@ class Method(ABC):
 
     def check_numerics(self, current: Mapping[str, str]) -> None:
         """Refuse to add to a run folder whose finished phases were trained under other numerics
-        (resolved precision, CPU ISA, oneDNN's ISA cap) than ``current``; stamps without numerics pass."""
+        (resolved precision, CPU ISA, oneDNN's ISA cap; for bf16 phases the bf16 units) than ``current``;
+        stamps without numerics pass."""
         for phase in self._plan.values():
             if not self.is_done(phase.name):
                 continue
             recorded = (read_stamp(self._stamp(phase.name)) or {}).get("numerics")
             if not isinstance(recorded, Mapping):
                 continue
-            differ = [k for k in RESUME_NUMERICS if str(recorded.get(k, "")) != str(current.get(k, ""))]
+            # a key an older stamp lacks is not compared (bf16_units arrived after the others)
+            keys = RESUME_NUMERICS + (BF16_RESUME_NUMERICS if recorded.get("precision") == "bf16" else ())
+            differ = [k for k in keys if k in recorded and str(recorded[k]) != str(current.get(k, ""))]
             if not differ:
                 continue
             if "precision" in differ:
                 fix = f"set runtime.precision={recorded.get('precision')}"
             else:
-                fix = "run on a machine with that CPU ISA and ONEDNN_MAX_CPU_ISA setting"
+                names = {"cpu_isa": "CPU ISA", "bf16_units": "bf16 units", "onednn_max_cpu_isa": "ONEDNN_MAX_CPU_ISA setting"}
+                fix = "run on a machine with the same " + " and ".join(names[k] for k in differ)
             raise NumericsMismatch(
                 f"run folder {self.run_dir}: phase {phase.name} was trained with {describe_numerics(recorded)}; "
                 f"this machine resolves {describe_numerics(current)}: use a fresh run folder or {fix}"
