@@ -347,7 +347,10 @@ class GRPOParams(TrainerSection):
         ge=2, description="Completions sampled per prompt (the GRPO group); batch_size must be a multiple of it."
     )
     batch_size: StrictInt = Field(
-        ge=2, description="Completions per optimizer step (per device); prompts per step = batch_size / num_generations."
+        ge=2, description="Completions per forward/backward pass (per device). An optimizer step takes batch_size x "
+        "trl.gradient_accumulation_steps completions, sampled together (TRL's generation batch: whole groups, so that "
+        "product must be a multiple of num_generations); without accumulation, prompts per step = batch_size / "
+        "num_generations."
     )
     learning_rate: Float = Field(gt=0.0, description="Peak learning rate of the GRPO optimizer.")
     beta: Float = Field(
@@ -363,10 +366,15 @@ class GRPOParams(TrainerSection):
 
     @model_validator(mode="after")
     def _divisible(self) -> "GRPOParams":
-        # TRL requires every batch to hold whole groups of completions.
-        if self.batch_size % self.num_generations:
+        # TRL samples whole groups of completions per generation batch: batch_size x steps_per_generation
+        # (default: gradient_accumulation_steps), trained batch_size at a time (less memory, same step).
+        steps = self.trl.get("steps_per_generation") or self.trl.get("gradient_accumulation_steps") or 1
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            return self  # GRPOConfig's own check names the bad field
+        if (self.batch_size * steps) % self.num_generations:
+            accumulated = f" x {steps} accumulated passes ({self.batch_size * steps})" if steps > 1 else ""
             raise ValueError(
-                f"batch_size ({self.batch_size}) must be a multiple of num_generations ({self.num_generations})"
+                f"batch_size ({self.batch_size}){accumulated} must be a multiple of num_generations ({self.num_generations})"
             )
         return self
 

@@ -34,6 +34,20 @@ def test_override_changes_value(params_file):
     assert params.cogr.lora.target_modules == ["q_proj"]
 
 
+def test_grpo_micro_batches_need_whole_groups_per_generation_batch(params_file):
+    """batch_size below the group size is a micro-batch: TRL samples batch_size x gradient_accumulation_steps
+    completions at once (whole groups) and trains them batch_size at a time."""
+    params = load_params(params_file, ["cogr.grpo.num_generations=8", "cogr.grpo.batch_size=4",
+                                       "cogr.grpo.trl.gradient_accumulation_steps=4"])
+    assert params.cogr.grpo.batch_size == 4
+    with pytest.raises(ParamsError, match=r"cogr.grpo: batch_size \(4\) x 3 accumulated passes \(12\) must be a "
+                                          r"multiple of num_generations \(8\)"):
+        load_params(params_file, ["cogr.grpo.num_generations=8", "cogr.grpo.batch_size=4",
+                                  "cogr.grpo.trl.gradient_accumulation_steps=3"])
+    with pytest.raises(ParamsError, match=r"cogr.grpo: batch_size \(4\) must be a multiple of num_generations \(8\)"):
+        load_params(params_file, ["cogr.grpo.num_generations=8", "cogr.grpo.batch_size=4"])
+
+
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
