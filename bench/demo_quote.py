@@ -168,7 +168,8 @@ def main() -> None:
         sys.exit(f"{project}: the demo wrote no phase stamp with numerics")
     kinds = sorted({describe_numerics(n) for _, n in stamps})
     first = stamps[0][1]
-    tag = f"{first.get('precision', '?')}_{first.get('cpu_isa', '?')}" + \
+    units = first.get("bf16_units", "") if first.get("precision") == "bf16" else ""  # AMX and AVX512_BF16 differ
+    tag = f"{first.get('precision', '?')}_{first.get('cpu_isa', '?')}" + (f"_{units}" if units else "") + \
           (f"_cap{args.onednn_max_cpu_isa}" if args.onednn_max_cpu_isa else "")
     dest = args.out or REPO / "docs" / f"demo_{tag.lower()}.txt"
     peaks = memory.top()

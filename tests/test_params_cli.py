@@ -79,7 +79,8 @@ def test_show_prints_the_merged_params_as_yaml(tmp_path):
     saved.write_text(result.output)
     reloaded = load_params(saved)  # what show prints is a complete params file
     # demo.yaml's trl fields, then the --set one merged in
-    assert reloaded.cogr.rounds == 1 and reloaded.cogr.grpo.trl == {"gradient_checkpointing": True, "epsilon": 0.3}
+    assert reloaded.cogr.rounds == 1 and reloaded.cogr.grpo.trl == {"gradient_checkpointing": True,
+                                                                    "gradient_accumulation_steps": 4, "epsilon": 0.3}
 
     part = runner.invoke(app, ["params", "show", "cogr.lora", "-p", str(REPO_ROOT / "params.yaml")])
     assert yaml.safe_load(part.output)["r"] == load_params(REPO_ROOT / "params.yaml").cogr.lora.r
