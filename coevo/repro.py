@@ -34,6 +34,7 @@ more than their tolerance: a figure is recorded only when it is reproducible her
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import tempfile
@@ -396,9 +397,14 @@ def check(path: str | Path = EXPECTED, *, slow: bool = False, only: Sequence[str
             started = time.perf_counter()
             figures = runner.run(entry)
             found = compare(entry, figures)
+            units = units_note(matrix, entry)
+            if units:  # a failure may be the CPU's bf16 kernels, not the code: say so beside each failed figure
+                found = [dataclasses.replace(o, note=f"{o.note}; {units}" if o.note else units) if o.status == "failed"
+                         else o for o in found]
             outcomes += found
             failed = sum(o.status != "matched" for o in found)
-            say(f"{entry.id}: {len(found) - failed}/{len(found)} matched ({time.perf_counter() - started:.1f}s)")
+            say(f"{entry.id}: {len(found) - failed}/{len(found)} matched ({time.perf_counter() - started:.1f}s)"
+                + (f"; {units}" if failed and units else ""))
     return outcomes
 
 
@@ -555,6 +561,24 @@ def uncommitted_changes(matrix_path: Path) -> list[str]:
     lines = _git("status", "--porcelain", "--untracked-files=no").splitlines()
     changed = [line[3:].split(" -> ")[-1] for line in lines if line.strip()]
     return [name for name in changed if (PROJECT_ROOT / name).resolve() != own]
+
+
+def units_note(matrix: Matrix, entry: Entry) -> str:
+    """For a bf16 entry recorded on other bf16 units than this CPU's (AMX against AVX512_BF16: other
+    oneDNN kernels, other rounding), or stamped before the units were recorded: a note that says so;
+    "" otherwise."""
+    if entry.numerics != "bf16":
+        return ""
+    from coevo.runtime import cpu_bf16_units
+
+    here = cpu_bf16_units()
+    stamp = ((matrix.doc.get("recorded") or {}).get(entry.id) or {}).get("numerics") or {}
+    there = stamp.get("bf16_units")
+    if there == here:
+        return ""
+    if there is None:
+        return f"recorded before bf16 units were stamped; this CPU has {here} (bf16 figures hold on the same units)"
+    return f"recorded on {there} bf16 units; this CPU has {here} (bf16 figures hold on the same units)"
 
 
 def local_numerics() -> str:

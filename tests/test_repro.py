@@ -206,6 +206,25 @@ def test_an_entry_keyed_by_other_numerics_is_skipped_by_check_and_refused_by_rec
     assert "fp32's; this machine trains in bf16" in outcomes[1].note and repro.passed(outcomes)
     with pytest.raises(ValueError, match="toy/bm25@fp32: its figures are fp32's .* ONEDNN_MAX_CPU_ISA=AVX2"):
         repro.record(path, only=["toy/*@fp32"])
+    # a bf16 figure that fails is marked when it was recorded on other bf16 units than this CPU's
+    from coevo.runtime import cpu_bf16_units
+
+    written = yaml.safe_load(path.read_text())
+    assert written["recorded"]["toy/bm25@bf16"]["numerics"]["bf16_units"] == cpu_bf16_units()
+    other_units = "AMX" if cpu_bf16_units() != "AMX" else "AVX512_BF16"
+    written["recorded"]["toy/bm25@bf16"]["numerics"]["bf16_units"] = other_units
+    spec = written["entries"][0]["metrics"]["n_queries"]
+    spec["expected"] += 1.0  # a figure that now fails
+    path.write_text(yaml.safe_dump(written, sort_keys=False))
+    failed = [o for o in repro.check(path) if o.status == "failed"]
+    assert [o.metric for o in failed] == ["n_queries"]
+    assert failed[0].note == (f"recorded on {other_units} bf16 units; this CPU has {cpu_bf16_units()} "
+                              "(bf16 figures hold on the same units)")
+    del written["recorded"]["toy/bm25@bf16"]["numerics"]["bf16_units"]
+    path.write_text(yaml.safe_dump(written, sort_keys=False))
+    assert [o.note for o in repro.check(path) if o.status == "failed"] == [
+        f"recorded before bf16 units were stamped; this CPU has {cpu_bf16_units()} (bf16 figures hold on the same units)"]
+
     doc["entries"][1]["numerics"] = "fp16"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(ValueError, match=r"entries\[1\] \(toy/bm25\): numerics 'fp16'; expected one of bf16, fp32"):
