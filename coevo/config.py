@@ -406,6 +406,23 @@ class CoGRGRPOParams(GRPOParams):
         ge=1, description="Seeded cap on prompts per GRPO phase; null = all training queries (or items)."
     )
 
+    @model_validator(mode="after")
+    def _one_step_fits(self) -> "CoGRGRPOParams":
+        # A phase with fewer completions than one optimizer step samples would train no step at all
+        # (TRL stops with "max_steps must be set to a positive value").
+        steps = self.trl.get("steps_per_generation") or self.trl.get("gradient_accumulation_steps") or 1
+        if self.max_prompts_per_phase is None or not isinstance(steps, int) or isinstance(steps, bool):
+            return self
+        completions = self.max_prompts_per_phase * self.num_generations
+        if completions < self.batch_size * steps:
+            raise ValueError(
+                f"max_prompts_per_phase ({self.max_prompts_per_phase}) x num_generations ({self.num_generations}) = "
+                f"{completions} completions, fewer than one optimizer step samples (batch_size {self.batch_size} x "
+                f"{steps} accumulated passes = {self.batch_size * steps}): raise max_prompts_per_phase or lower "
+                f"batch_size / trl.gradient_accumulation_steps"
+            )
+        return self
+
 
 class GrapeGRPOParams(GRPOParams):
     trl_owned: ClassVar[dict[str, str]] = {**GRPOParams.trl_owned, "max_steps": "{self}.steps"}

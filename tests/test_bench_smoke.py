@@ -464,13 +464,15 @@ def test_demo_quote(tmp_path):
     out = tmp_path / "demo.txt"
     lines = run_bench(script("demo_quote.py", "--out", str(out), "--set", "cogr.generator=tiny",
                              "--set", "cogr.seed_generator=null", "--set", "cogr.max_empty_share=1.0",
-                             "--set", "cogr.sft.epochs=1", "--set", "cogr.grpo.max_prompts_per_phase=2",
+                             "--set", "cogr.sft.epochs=1", "--set", "cogr.grpo.max_prompts_per_phase=4",
+                             # 4 prompts x 2 = 8 completions: one step of demo.yaml's 4 accumulated passes of 2
                              "--set", "cogr.grpo.num_generations=2", "--set", "cogr.grpo.batch_size=2",
                              "--set", "cogr.grpo.max_completion_length=8", "--set", "cogr.sampling.max_new_tokens=8"),
                       timeout=900, env={"TMPDIR": str(tmp_path)})
     quote = out.read_text().splitlines()
     assert quote[0].startswith("# `coevo demo` from a fresh clone of ") and quote[0].endswith("bench/demo_quote.py")
-    assert re.fullmatch(r"# numerics of every phase: (bf16|fp32) on \w+ \(torch [\w.+]+\)", quote[2]), quote[2]
+    assert re.fullmatch(r"# numerics of every phase: (bf16|fp32) on [\w+]+(, ONEDNN_MAX_CPU_ISA=\w+)? \(torch [\w.+]+\)",
+                        quote[2]), quote[2]
     assert re.match(rf"# wall \d+s; peak resident memory per process: {FLOAT} GB ", quote[3]), quote[3]
     assert re.match(rf"# the demo process's peak per step: prepare data {FLOAT} GB; ", quote[4]), quote[4]
     assert re.search(rf"; SFT {FLOAT} GB; ", quote[4]), quote[4]

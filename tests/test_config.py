@@ -46,6 +46,12 @@ def test_grpo_micro_batches_need_whole_groups_per_generation_batch(params_file):
                                   "cogr.grpo.trl.gradient_accumulation_steps=3"])
     with pytest.raises(ParamsError, match=r"cogr.grpo: batch_size \(4\) must be a multiple of num_generations \(8\)"):
         load_params(params_file, ["cogr.grpo.num_generations=8", "cogr.grpo.batch_size=4"])
+    # a phase whose prompts cannot fill one step's generation batch would train nothing: refused up front
+    with pytest.raises(ParamsError, match=r"cogr.grpo: max_prompts_per_phase \(2\) x num_generations \(2\) = 4 "
+                                          r"completions, fewer than one optimizer step samples \(batch_size 2 x 4 "
+                                          r"accumulated passes = 8\)"):
+        load_params(params_file, ["cogr.grpo.num_generations=2", "cogr.grpo.batch_size=2",
+                                  "cogr.grpo.max_prompts_per_phase=2", "cogr.grpo.trl.gradient_accumulation_steps=4"])
 
 
 @pytest.mark.parametrize(
