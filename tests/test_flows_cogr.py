@@ -65,7 +65,10 @@ def test_full_run_logs_every_phase_to_mlflow(finished, chdir, tmp_path):
                       f"best phase {summary['best_phase']} (test)"]
     assert [(r["baseline"], r["split"]) for r in summary["rows"] if r["kind"] == "baseline"] == [
         ("bm25", "val"), ("dense", "val"), ("bm25", "test"), ("dense", "test")]
-    assert {d["name"] for d in summary["rows"][-1]["differences"]} == {"vs start", "vs best baseline"}
+    differences = summary["rows"][-1]["differences"]
+    assert {d["name"] for d in differences} == {"vs start", "vs best baseline", "vs paper baseline"}
+    assert {d["b"] for d in differences if d["name"] == "vs paper baseline"} == {
+        f"BM25 @k*={next(r['chosen_k'] for r in summary['rows'] if r.get('baseline') == 'bm25')} (test)"}  # CoGR's paper
     assert summary["steps"] == {"executed": 11, "cached": 0}
 
     from mlflow.tracking import MlflowClient
