@@ -364,12 +364,18 @@ class GRPOParams(TrainerSection):
         f"gradient_accumulation_steps); see {TRL_DOCS}/grpo_trainer#trl.GRPOConfig."
     )
 
+    def accumulated_passes(self) -> int | None:
+        """Forward/backward passes per generation batch: TRL's steps_per_generation (default:
+        gradient_accumulation_steps; 1 without either). None for a value GRPOConfig will refuse itself."""
+        steps = self.trl.get("steps_per_generation") or self.trl.get("gradient_accumulation_steps") or 1
+        return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1 else None
+
     @model_validator(mode="after")
     def _divisible(self) -> "GRPOParams":
-        # TRL samples whole groups of completions per generation batch: batch_size x steps_per_generation
-        # (default: gradient_accumulation_steps), trained batch_size at a time (less memory, same step).
-        steps = self.trl.get("steps_per_generation") or self.trl.get("gradient_accumulation_steps") or 1
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        # TRL samples whole groups of completions per generation batch: batch_size x accumulated passes,
+        # trained batch_size at a time (less memory, same step).
+        steps = self.accumulated_passes()
+        if steps is None:
             return self  # GRPOConfig's own check names the bad field
         if (self.batch_size * steps) % self.num_generations:
             accumulated = f" x {steps} accumulated passes ({self.batch_size * steps})" if steps > 1 else ""
@@ -410,8 +416,8 @@ class CoGRGRPOParams(GRPOParams):
     def _one_step_fits(self) -> "CoGRGRPOParams":
         # A phase with fewer completions than one optimizer step samples would train no step at all
         # (TRL stops with "max_steps must be set to a positive value").
-        steps = self.trl.get("steps_per_generation") or self.trl.get("gradient_accumulation_steps") or 1
-        if self.max_prompts_per_phase is None or not isinstance(steps, int) or isinstance(steps, bool):
+        steps = self.accumulated_passes()
+        if self.max_prompts_per_phase is None or steps is None:
             return self
         completions = self.max_prompts_per_phase * self.num_generations
         if completions < self.batch_size * steps:
