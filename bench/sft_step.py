@@ -18,10 +18,14 @@ trained (non-pad) tokens/s, the padded share of randomly drawn batches (what ``g
 can save), peak RSS, and the raw forward+backward of one padded batch of the same examples
 (``raw s``: through the LoRA model in the precision training uses, timed before and after
 training) with ``step / raw``.
-The machine may be shared: compare the ratios of one run, not seconds across runs.
+The machine may be shared: compare the ratios of one run, not seconds across runs; ``--repeats N``
+runs every variant N times, alternating the order, and takes medians (the ratio's range is printed
+beside it).
 
     .venv/bin/python bench/sft_step.py                          # smollm2-135m, native ISA, 3 variants
     .venv/bin/python bench/sft_step.py --isa native avx2 --steps 8
+    .venv/bin/python bench/sft_step.py --steps 8 --repeats 3 --variants \\
+        --variant short_pf=cogr.system_prompt=short,cogr.sft.trl.padding_free=true,cogr.sft.trl.max_length=null
     .venv/bin/python bench/sft_step.py --model tiny --steps 2   # seconds: the smoke run
 
 The last lines are ``sft_examples_per_s_ratio_<variant>_<isa>=<x>``: the variant's examples/s over
@@ -73,11 +77,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"built-in variants besides coevo (none: only --variant ones): {', '.join(VARIANTS)}")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE...]",
                         help="another variant: --set overrides on params.yaml + params/cpu.yaml")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="rounds of every variant, each round in the reverse order of the last; a variant's row is "
+                             "its median round and its ratio the median of its per-round ratios to coevo's (a shared "
+                             "machine drifts between measurements)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--overrides", default="[]", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps < 0:
         parser.error("--steps must be 0 (one epoch) or more")
+    if args.repeats < 1:
+        parser.error("--repeats must be 1 or more")
     return args
 
 
@@ -227,24 +237,33 @@ def main(argv: list[str] | None = None) -> int:
     from rich.table import Table
 
     window = f"{args.steps} steps after a warm-up" if args.steps else "one epoch"
+    if args.repeats > 1:
+        window += f"; median of {args.repeats} rounds"
     table = Table(title=f"CoGR SFT on CPU ({args.model}, {args.side} side, 1 thread; {window})")
     for column in ("variant", "cpu isa", "batch", "step s", "examples/s", "tokens/s", "pad share", "raw s", "step / raw",
                    "peak MB", "examples/s vs coevo"):
         table.add_column(column, justify="right")
     ratios: dict[str, float] = {}
     for isa in args.isa:
-        base = None
-        for name, overrides in variants.items():
-            r = run_worker(name, overrides, args, isa)
-            base = base or r
-            ratio = r["examples_per_s"] / base["examples_per_s"]
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+        for round_number in range(args.repeats):
+            order = list(variants) if round_number % 2 == 0 else list(reversed(variants))
+            for name in order:
+                r = run_worker(name, variants[name], args, isa)
+                rounds[name].append(r)
+                Console(stderr=True).print(f"{name} {isa} round {round_number + 1}: {json.dumps(r)}", highlight=False)
+        for name in variants:
+            runs = rounds[name]
+            r = sorted(runs, key=lambda run: run["step_s"])[len(runs) // 2]  # the median round (upper for even counts)
+            per_round = [run["examples_per_s"] / base["examples_per_s"] for run, base in zip(runs, rounds["coevo"])]
+            ratio = statistics.median(per_round)
             if name != "coevo":
                 ratios[f"{name}_{isa}"] = ratio
-            Console(stderr=True).print(f"{name} {isa}: {json.dumps(r)}", highlight=False)
+            spread = f" ({min(per_round):.2f}-{max(per_round):.2f})" if len(runs) > 1 and name != "coevo" else ""
             batch = f"{r['batch_size']}x{r['accumulate']}" if r["accumulate"] > 1 else str(r["batch_size"])
             table.add_row(name, isa, batch, f"{r['step_s']:.2f}", f"{r['examples_per_s']:.2f}", f"{r['tokens_per_s']:.0f}",
                           f"{r['pad_share']:.2f}", f"{r['raw_s']:.2f}", f"{r['step_vs_raw']:.2f}",
-                          f"{r['peak_mb']:.0f}", f"{ratio:.2f}")
+                          f"{r['peak_mb']:.0f}", f"{ratio:.2f}{spread}")
     Console(width=160).print(table)
     for name, ratio in ratios.items():
         print(f"sft_examples_per_s_ratio_{name}={ratio:.2f}")

@@ -269,6 +269,7 @@ def test_cohyde_metric_names_are_what_its_evaluation_produces():
         ("cogr.sft.trl.gradient_accumulation_steps=two", "cogr.sft.trl.gradient_accumulation_steps: Input should be a valid integer"),
         ("cogr.sft.trl.gradient_accumulation_steps=true", "cogr.sft.trl.gradient_accumulation_steps"),
         ("cogr.grpo.trl.generation_batch_size=6", "cogr.grpo.trl.generation_batch_size: trl.GRPOConfig refuses it"),
+        ("cogr.sft.trl.padding_free=true", r"cogr.sft.trl.padding_free: without packing .* add cogr.sft.trl.max_length: null"),
     ],
 )
 def test_bad_trl_settings_fail_at_load_time_naming_the_key(params_file, assignment, expected):
@@ -287,6 +288,13 @@ def test_trl_settings_pass_through(params_file, tmp_path):
     assert params.cogr.sft.trl == {"gradient_accumulation_steps": 2}
     assert params.cohyde.dpo.trl == {"label_smoothing": 0.1}
     assert params.flat()["cogr.grpo.trl.loss_type"] == "dr_grpo"
+
+
+def test_padding_free_sft_loads_without_a_max_length_or_with_packing(params_file):
+    params = load_params(params_file, ["cogr.sft.trl.padding_free=true", "cogr.sft.trl.max_length=null"])
+    assert params.cogr.sft.trl == {"padding_free": True, "max_length": None}
+    packed = load_params(params_file, ["cogr.sft.trl.padding_free=true", "cogr.sft.trl.packing=true"])
+    assert packed.cogr.sft.trl["packing"] is True
 
 
 def test_trl_is_not_imported_when_no_trl_mapping_is_set():

@@ -133,6 +133,30 @@ def test_trl_gradient_accumulation_reaches_the_sft_and_grpo_trainers(tmp_path):
     assert grpo_steps == {1: 2, 2: 1}  # 4 prompts x 2 completions, 4 per micro-batch
 
 
+def test_padding_free_sft_trains_as_the_padded_batch_does(tmp_path):
+    # Padding-free flattens a batch into one row; transformers' SDPA mask keeps each example to
+    # itself (block-diagonal, from position_ids), so the loss and the update equal the padded batch's.
+    from coevo.runtime import precision_policy
+
+    torch.set_num_threads(1)
+    examples = [{"prompt": query_messages("weather " * n + "today"), "completion": keyword_completion(["weather", "forecast"] * n)}
+                for n in (1, 4, 9)]  # lengths differ, so the padded batch pads
+    results, weights = {}, {}
+    # SGD: Adam's first step is lr * sign(gradient), which turns float noise in a near-zero gradient into 2 * lr
+    sgd = {"optim": "sgd"}
+    for name, trl in {"padded": sgd, "padding_free": {**sgd, "padding_free": True, "max_length": None}}.items():
+        # no adapter dropout: its random masks follow the tensor's layout, which differs by design
+        gen = Generator.create("tiny", section("cogr.lora", r=4, alpha=8, dropout=0.0), seed=0, corpus=CORPUS)
+        with precision_policy("fp32"):
+            results[name] = train_sft(gen, examples, section("cogr.sft", epochs=1, learning_rate=1e-2, batch_size=3, trl=trl),
+                                      tmp_path / name, seed=0)
+        weights[name] = _trainable_snapshot(gen)
+    assert results["padded"]["train/steps"] == results["padding_free"]["train/steps"] == 1
+    assert results["padding_free"]["train/loss"] == pytest.approx(results["padded"]["train/loss"], rel=2e-5)
+    for key, value in weights["padded"].items():
+        torch.testing.assert_close(weights["padding_free"][key], value, rtol=1e-3, atol=1e-5)
+
+
 @pytest.mark.slow
 def test_trl_mapping_reaches_the_dpo_trainer(tmp_path):
     from coevo.train.dpo import train_dpo
