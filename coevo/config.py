@@ -1033,8 +1033,8 @@ def check_trl(params: Params) -> list[str]:
         if bad:
             continue
         section.trl.update(checked)
-        if section.trl_config == "SFTConfig" and (problem := _padding_free_problem(checked)):
-            errors.append(f"{key}.trl.padding_free: {problem.format(key=key)}")
+        if section.trl_config == "SFTConfig" and (problem := _padding_free_problem(key, checked)):
+            errors.append(problem)
             continue
         problem = _construct(cls, section, {k: v for k, v in checked.items() if k not in _DEVICE_FIELDS})
         if problem is not None:
@@ -1045,15 +1045,15 @@ def check_trl(params: Params) -> list[str]:
     return errors
 
 
-def _padding_free_problem(trl_fields: dict[str, Any]) -> str | None:
+def _padding_free_problem(key: str, trl_fields: dict[str, Any]) -> str | None:
     """SFTTrainer refuses padding-free batches that still carry a max_length (coevo passes one)
     unless packing cuts them; say so at load time, not after the model is loaded."""
     if not trl_fields.get("padding_free") or trl_fields.get("packing"):
         return None
     if "max_length" in trl_fields and trl_fields["max_length"] is None:
         return None
-    return ("without packing TRL cannot cut an example at max_length; add {key}.trl.max_length: null "
-            "(no example is cut: check that every prompt fits the model) or packing: true")
+    return (f"{key}.trl.padding_free: without packing TRL cannot cut an example at max_length; add "
+            f"{key}.trl.max_length: null (no example is cut: check that every prompt fits the model) or packing: true")
 
 
 def _construct(cls: type, section: TrainerSection, extra: dict[str, Any]) -> str | None:
