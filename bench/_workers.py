@@ -6,7 +6,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_json_worker(cmd: list[str], *, isa_cap: str | None, failure: str) -> dict[str, Any]:
@@ -35,3 +38,8 @@ def parse_variants(specs: list[str], bench: str) -> dict[str, list[str]]:
             raise SystemExit(f"{bench}: --variant {spec!r} is not NAME=KEY=VALUE[,KEY=VALUE...]")
         variants[name] = settings.split(",")
     return variants
+
+
+def params_files(overlays: list[Path] | None) -> list[Path]:
+    """params.yaml, then the ``--params`` overlays (default: params/cpu.yaml, the CPU settings)."""
+    return [ROOT / "params.yaml", *(p.resolve() for p in (overlays or [ROOT / "params" / "cpu.yaml"]))]

@@ -297,7 +297,9 @@ def run(args: argparse.Namespace) -> int:
     if args.fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    overlays = [ROOT / "params.yaml", *(p.resolve() for p in (args.params or [ROOT / "params" / "cpu.yaml"]))]
+    from _workers import params_files
+
+    overlays = params_files(args.params)
     started = time.perf_counter()
     source = data_source(args.method, args.data.resolve(), out, args.queries, args.seed, args.loader)
     vague = args.vague or spec["vague"]

@@ -2,8 +2,8 @@
 seen and the SFT minutes, per variant of ``--set`` overrides.
 
 Each point is the real pipeline on ``bench/efficacy.py``'s data (the same seeded MetaTool subset and
-splits as ``efficacy.py --method cogr --seed S``; params.yaml + params/cpu.yaml + the variant's
-overrides + ``cogr.max_train_queries=N``), run as far as the SFT phase: the Algorithm 1 seeds, then
+splits as ``efficacy.py --method cogr --seed S``; params.yaml + params/cpu.yaml (or the ``--params``
+overlays) + the variant's overrides + ``cogr.max_train_queries=N``), run as far as the SFT phase: the Algorithm 1 seeds, then
 ``00_sft``, whose record holds its own val evaluation (the SFT model's query keywords against the
 SFT model's item index). Test is never read, so a setting chosen here is chosen on val.
 Each point runs in a fresh subprocess on one torch thread, in a project folder of its own under
@@ -20,10 +20,12 @@ at its largest cap), paired over the same val queries: the difference with its 9
 and randomisation p-value. The machine may be shared: compare minutes of one run, and val F1 of
 any run (it is deterministic on one machine and numerics).
 
-    .venv/bin/python bench/sft_learning.py --caps 200 400 800 \\
-        --variant levers=cogr.lora.top_layers=10,cogr.system_prompt=short
+    .venv/bin/python bench/sft_learning.py --caps 800 1600
+    .venv/bin/python bench/sft_learning.py --caps 800 --params params/cpu.yaml \\
+        --params params/cpu_without_sft_levers.yaml --out bench/out/sft_learning_without_levers
     .venv/bin/python bench/sft_learning.py --data data/sample/metatool --queries 0 --caps 4 8 \\
-        --set cogr.generator=tiny --set cogr.seed_generator=null --set cogr.max_empty_share=1.0  # the smoke run
+        --set cogr.generator=tiny --set cogr.seed_generator=null --set cogr.max_empty_share=1.0 \\
+        --set cogr.lora.top_layers=1  # the smoke run (the tiny model has 2 layers)
 
 Writes ``sft_learning.{json,csv,png}`` in ``--out``, with the points of earlier invocations on the
 same ``--out`` (``--only`` and ``--caps`` run a part at a time). The last lines are
@@ -50,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _workers import parse_variants, run_json_worker  # noqa: E402 - bench/ on the path first
+from _workers import params_files, parse_variants, run_json_worker  # noqa: E402 - bench/ on the path first
 
 COLUMNS = ("variant", "cap", "queries_seen", "item_examples", "sft_min", "val_f1", "val_recall@100", "val_ndcg@10",
            "train_f1", "query_keywords_mean", "query_empty", "peak_mb", "val_f1_minus_reference")
@@ -67,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--caps", type=int, nargs="+", default=[200, 400, 800],
                         help="values of cogr.max_train_queries: the SFT queries per epoch of each point")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE...]",
-                        help="a variant besides coevo (params/cpu.yaml as it is): --set overrides")
+                        help="a variant besides coevo (the --params overlays as they are): --set overrides")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help="run these variants only (default: coevo and every --variant)")
     parser.add_argument("--reference", default=None, metavar="NAME@N",
@@ -75,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "CI); default: coevo at its largest cap")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="an override of every variant (e.g. a smaller model)")
+    parser.add_argument("--params", type=Path, action="append", default=None,
+                        help="params overlays on params.yaml, coevo's point included (default: params/cpu.yaml); "
+                             "repeatable")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "sft_learning",
                         help="where the points' project folders and the results go")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -89,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------ worker
-def sft_point(project: Path, source: Path, seed: int, overrides: list[str]) -> dict[str, Any]:
+def sft_point(project: Path, files: list[Path], source: Path, seed: int, overrides: list[str]) -> dict[str, Any]:
     """Seeds and SFT of one point in ``project``; the SFT record's val metrics and sizes."""
     import torch
 
@@ -102,7 +107,7 @@ def sft_point(project: Path, source: Path, seed: int, overrides: list[str]) -> d
     project.mkdir(parents=True, exist_ok=True)
     os.chdir(project)
     # the splits of efficacy.py --method cogr with this seed: the same val queries
-    params = load_params([ROOT / "params.yaml", ROOT / "params" / "cpu.yaml"],
+    params = load_params(files,
                          [f"seed={seed}", "data.loader=metatool", f"data.source={source}",
                           "data.dataset=sft_learning", f"data.val_fraction={spec['val']}",
                           f"data.test_fraction={spec['test']}", f"data.vague={spec['vague']}", *overrides])
@@ -132,7 +137,8 @@ def sft_point(project: Path, source: Path, seed: int, overrides: list[str]) -> d
 def run_point(args: argparse.Namespace, source: Path, name: str, cap: int, overrides: list[str]) -> dict[str, Any]:
     point = [*args.overrides, *overrides, f"cogr.max_train_queries={cap}"]
     cmd = [sys.executable, __file__, "--worker", str(args.out / f"{name}-q{cap}"), "--source", str(source),
-           "--seed", str(args.seed), "--point-overrides", json.dumps(point)]
+           "--seed", str(args.seed), "--point-overrides", json.dumps(point),
+           *(arg for path in params_files(args.params)[1:] for arg in ("--params", str(path)))]
     return {"variant": name, "cap": cap, **run_json_worker(cmd, isa_cap=None, failure=f"sft_learning: {name} "
                                                                                       f"at cap {cap} failed")}
 
@@ -199,14 +205,19 @@ def plot(rows: list[dict[str, Any]], dest: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
-        print(json.dumps(sft_point(Path(args.worker), args.source, args.seed, json.loads(args.point_overrides))))
+        print(json.dumps(sft_point(Path(args.worker), params_files(args.params), args.source, args.seed,
+                                   json.loads(args.point_overrides))))
         return 0
     # Points of earlier invocations on this --out stay in the report (--only runs a part at a time).
     record = args.out.resolve() / "sft_learning.json"
     earlier = json.loads(record.read_text()) if record.is_file() else None
-    if earlier and (earlier["seed"], earlier["data"], earlier["overrides"]) != (args.seed, str(args.data), args.overrides):
+    overlays = [str(path) for path in params_files(args.params)[1:]]
+    default_overlays = [str(path) for path in params_files(None)[1:]]  # a record older than --params used them
+    if earlier and ((earlier["seed"], earlier["data"], earlier["overrides"], earlier.get("params", default_overlays))
+                    != (args.seed, str(args.data), args.overrides, overlays)):
         raise SystemExit(f"sft_learning: {args.out} holds points of seed {earlier['seed']}, --data "
-                         f"{earlier['data']}, --set {earlier['overrides']}: pass another --out")
+                         f"{earlier['data']}, --set {earlier['overrides']}, --params "
+                         f"{earlier.get('params', default_overlays)}: pass another --out")
     earlier = earlier or {"variants": {}, "rows": []}
     variants = {"coevo": [], **parse_variants(args.variant, "sft_learning")}
     if args.only:
@@ -218,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, overrides in variants.items():  # a bad knob fails here, in one line, before any work
         try:
-            load_params([ROOT / "params.yaml", ROOT / "params" / "cpu.yaml"], [*args.overrides, *overrides])
+            load_params(params_files(args.params), [*args.overrides, *overrides])
         except ValueError as exc:
             raise SystemExit(f"sft_learning: variant {name}: {exc}") from None
         if earlier["variants"].get(name, overrides) != overrides:
@@ -233,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         record.write_text(json.dumps({"seed": args.seed, "data": str(args.data), "overrides": args.overrides,
+                                      "params": overlays,
                                       "variants": {**earlier["variants"], **variants},
                                       "rows": list(rows.values())}, indent=1) + "\n")
 

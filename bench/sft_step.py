@@ -4,8 +4,9 @@ the raw forward+backward of the same batches.
 The examples are CoGR's own SFT targets on the committed MetaTool sample: the seed phase of the
 real pipeline (``params/cpu.yaml``: extractive seeds) writes the query and item keyword sets, and
 each example is the method's prompt with its keyword completion, as ``CoGR.sft`` builds them. Each
-variant is a set of ``--set`` overrides on ``params.yaml + params/cpu.yaml`` and runs in a fresh
-subprocess (its own peak memory, its ``ONEDNN_MAX_CPU_ISA``) on one torch thread:
+variant is a set of ``--set`` overrides on ``params.yaml + params/cpu.yaml`` (or the ``--params``
+overlays) and runs in a fresh subprocess (its own peak memory, its ``ONEDNN_MAX_CPU_ISA``) on one
+torch thread:
 
 - ``coevo``: the SFT of ``params/cpu.yaml`` as the efficacy runs train it (the baseline of every ratio);
 - ``group_by_length``: batches of similar length (transformers' ``train_sampling_strategy``), so
@@ -26,7 +27,8 @@ beside it).
     .venv/bin/python bench/sft_step.py --isa native avx2 --steps 8
     .venv/bin/python bench/sft_step.py --steps 8 --repeats 3 --variants \\
         --variant short_pf=cogr.system_prompt=short,cogr.sft.trl.padding_free=true,cogr.sft.trl.max_length=null
-    .venv/bin/python bench/sft_step.py --model tiny --steps 2   # seconds: the smoke run
+    .venv/bin/python bench/sft_step.py --params params/cpu.yaml --params params/cpu_without_sft_levers.yaml
+    .venv/bin/python bench/sft_step.py --model tiny --steps 2 --set cogr.lora.top_layers=1   # seconds: the smoke run
 
 The last lines are ``sft_examples_per_s_ratio_<variant>_<isa>=<x>``: the variant's examples/s over
 ``coevo``'s, measured in the same run.
@@ -49,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from _workers import params_files  # noqa: E402  (bench/ is on the path when a script runs)
 
 if TYPE_CHECKING:
     from coevo.models.generator import Generator
@@ -76,7 +79,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS),
                         help=f"built-in variants besides coevo (none: only --variant ones): {', '.join(VARIANTS)}")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=KEY=VALUE[,KEY=VALUE...]",
-                        help="another variant: --set overrides on params.yaml + params/cpu.yaml")
+                        help="another variant: --set overrides on params.yaml + the --params overlays")
+    parser.add_argument("--params", type=Path, action="append", default=None,
+                        help="params overlays on params.yaml, coevo's baseline included (default: params/cpu.yaml); "
+                             "repeatable")
+    parser.add_argument("--set", dest="common", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of every variant, coevo's baseline included (e.g. cogr.lora.top_layers=1 "
+                             "for the 2-layer tiny model)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="rounds of every variant, each round in the reverse order of the last; a variant's row is "
                              "its median round and its ratio the median of its per-round ratios to coevo's (a shared "
@@ -92,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------------------ worker
-def sft_examples(project: Path, model: str, overrides: list[str], side: str) -> tuple[Any, list[dict[str, Any]]]:
+def sft_examples(project: Path, files: list[Path], model: str, overrides: list[str],
+                 side: str) -> tuple[Any, list[dict[str, Any]]]:
     """(the CoGR run, its SFT examples of one side) from the real seed phase on the committed sample."""
     from coevo.config import load_params
     from coevo.models.prompts import keyword_completion
@@ -100,7 +110,7 @@ def sft_examples(project: Path, model: str, overrides: list[str], side: str) -> 
 
     shutil.copytree(ROOT / "data" / "sample" / "metatool", project / "source")
     os.chdir(project)
-    params = load_params([ROOT / "params.yaml", ROOT / "params" / "cpu.yaml"],
+    params = load_params(files,
                          ["data.dataset=sft_bench", "data.loader=metatool", f"data.source={project / 'source'}",
                           f"cogr.generator={model}", *overrides])
     pipe = Pipeline("cogr", params)
@@ -161,7 +171,7 @@ def raw_forward_backward(generator: Generator, examples: list[dict[str, Any]], b
     return seconds
 
 
-def measure(model: str, overrides: list[str], side: str, steps: int) -> dict[str, Any]:
+def measure(files: list[Path], model: str, overrides: list[str], side: str, steps: int) -> dict[str, Any]:
     import torch
 
     from coevo import progress
@@ -170,7 +180,7 @@ def measure(model: str, overrides: list[str], side: str, steps: int) -> dict[str
     torch.set_num_threads(1)
     workdir = Path(tempfile.mkdtemp(prefix="coevo-sft-bench-"))
     try:
-        run, examples = sft_examples(workdir / "project", model, overrides, side)
+        run, examples = sft_examples(workdir / "project", files, model, overrides, side)
         sft, seed = run.cfg.sft, run.seed
         generator = run._new_generator(run.cfg.generator)  # as CoGR.sft creates it: LoRA of params
         lengths = token_lengths(generator, examples)
@@ -209,14 +219,16 @@ def run_worker(name: str, overrides: list[str], args: argparse.Namespace, isa: s
     from _workers import run_json_worker
 
     cmd = [sys.executable, __file__, "--worker", name, "--model", args.model, "--side", args.side,
-           "--steps", str(args.steps), "--overrides", json.dumps(overrides)]
+           "--steps", str(args.steps), "--overrides", json.dumps([*args.common, *overrides]),
+           *(arg for path in params_files(args.params)[1:] for arg in ("--params", str(path)))]
     return run_json_worker(cmd, isa_cap=ISAS[isa], failure=f"sft_step: variant {name} on {isa} failed")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
-        print(json.dumps(measure(args.model, json.loads(args.overrides), args.side, args.steps)))
+        print(json.dumps(measure(params_files(args.params), args.model, json.loads(args.overrides), args.side,
+                                 args.steps)))
         return 0
     from _workers import parse_variants
 
@@ -229,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, overrides in variants.items():  # a bad knob fails here, in one line, before any work
         try:
-            load_params([ROOT / "params.yaml", ROOT / "params" / "cpu.yaml"], overrides)
+            load_params(params_files(args.params), [*args.common, *overrides])
         except ValueError as exc:
             raise SystemExit(f"sft_step: variant {name}: {exc}") from None
 

@@ -132,7 +132,8 @@ def test_train_step(tmp_path):
 @pytest.mark.slow
 def test_sft_step(tmp_path):
     """CoGR's SFT examples from the real seed phase, one step of each variant, ratios against coevo's."""
-    lines = run_bench(script("sft_step.py", "--model", "tiny", "--steps", "1", "--variants", "group_by_length",
+    lines = run_bench(script("sft_step.py", "--model", "tiny", "--set", "cogr.lora.top_layers=1", "--steps", "1",
+                             "--variants", "group_by_length",
                              "--variant", "micro=cogr.sft.batch_size=2,cogr.sft.trl.gradient_accumulation_steps=4",
                              "--variant", "pf=cogr.sft.trl.padding_free=true,cogr.sft.trl.max_length=null",
                              "--repeats", "2"), timeout=900, env={"TMPDIR": str(tmp_path)})
@@ -220,6 +221,7 @@ def test_sft_learning(tmp_path):
     """Seeds and SFT of the real pipeline per variant and cap; a second invocation adds to the report."""
     common = ["--data", str(SAMPLE_DIR / "metatool"), "--queries", "0", "--out", str(tmp_path / "out"),
               "--set", "cogr.generator=tiny", "--set", "cogr.seed_generator=null", "--set", "cogr.max_empty_share=1.0",
+              "--set", "cogr.lora.top_layers=2",  # the tiny model's 2 layers (params/cpu.yaml: the top 10)
               "--variant", "levers=cogr.system_prompt=short,cogr.lora.top_layers=1"]
     run_bench(script("sft_learning.py", *common, "--caps", "3", "--only", "levers"), timeout=600)
     lines = run_bench(script("sft_learning.py", *common, "--caps", "3", "6", "--only", "coevo"), timeout=600)
@@ -246,6 +248,11 @@ def test_sft_learning(tmp_path):
     other = subprocess.run(script("sft_learning.py", *common[:-2], "--variant", "levers=cogr.lora.top_layers=2"),
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert other.returncode != 0 and "variant levers in" in other.stderr.strip().splitlines()[-1]
+    # points measured on other params overlays do not join the report
+    overlays = subprocess.run(script("sft_learning.py", *common, "--params", "params/cpu.yaml",
+                                     "--params", "params/cpu_without_sft_levers.yaml"),
+                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert overlays.returncode != 0 and "--params" in overlays.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
@@ -254,7 +261,8 @@ def test_efficacy(tmp_path):
     """CoGR's efficacy run on 80 sample queries: seeds, SFT and one round of 2 GRPO steps a side."""
     lines = run_bench(script("efficacy.py", "--method", "cogr", "--data", str(SAMPLE_DIR / "metatool"),
                              "--budget-min", "5", "--queries", "80", "--out", str(tmp_path / "out"),
-                             "--set", "cogr.generator=tiny", "--set", "cogr.seed_generator=null",
+                             "--set", "cogr.generator=tiny", "--set", "cogr.lora.top_layers=1",
+                             "--set", "cogr.seed_generator=null",
                              "--set", "cogr.max_empty_share=1.0", "--set", "cogr.rounds=1",
                              "--set", "cogr.sft.epochs=1", "--set", "cogr.grpo.max_prompts_per_phase=4",
                              "--set", "cogr.grpo.num_generations=2", "--set", "cogr.grpo.batch_size=4",
