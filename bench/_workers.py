@@ -43,3 +43,8 @@ def parse_variants(specs: list[str], bench: str) -> dict[str, list[str]]:
 def params_files(overlays: list[Path] | None) -> list[Path]:
     """params.yaml, then the ``--params`` overlays (default: params/cpu.yaml, the CPU settings)."""
     return [ROOT / "params.yaml", *(p.resolve() for p in (overlays or [ROOT / "params" / "cpu.yaml"]))]
+
+
+def params_argv(overlays: list[Path] | None) -> list[str]:
+    """The ``--params`` options that give a worker process the same overlays (:func:`params_files`)."""
+    return [arg for path in params_files(overlays)[1:] for arg in ("--params", str(path))]

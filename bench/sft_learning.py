@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _workers import params_files, parse_variants, run_json_worker  # noqa: E402 - bench/ on the path first
+from _workers import params_argv, params_files, parse_variants, run_json_worker  # noqa: E402 - bench/ on the path first
 
 COLUMNS = ("variant", "cap", "queries_seen", "item_examples", "sft_min", "val_f1", "val_recall@100", "val_ndcg@10",
            "train_f1", "query_keywords_mean", "query_empty", "peak_mb", "val_f1_minus_reference")
@@ -138,7 +138,7 @@ def run_point(args: argparse.Namespace, source: Path, name: str, cap: int, overr
     point = [*args.overrides, *overrides, f"cogr.max_train_queries={cap}"]
     cmd = [sys.executable, __file__, "--worker", str(args.out / f"{name}-q{cap}"), "--source", str(source),
            "--seed", str(args.seed), "--point-overrides", json.dumps(point),
-           *(arg for path in params_files(args.params)[1:] for arg in ("--params", str(path)))]
+           *params_argv(args.params)]
     return {"variant": name, "cap": cap, **run_json_worker(cmd, isa_cap=None, failure=f"sft_learning: {name} "
                                                                                       f"at cap {cap} failed")}
 

@@ -8,7 +8,8 @@ variant is a set of ``--set`` overrides on ``params.yaml + params/cpu.yaml`` (or
 overlays) and runs in a fresh subprocess (its own peak memory, its ``ONEDNN_MAX_CPU_ISA``) on one
 torch thread:
 
-- ``coevo``: the SFT of ``params/cpu.yaml`` as the efficacy runs train it (the baseline of every ratio);
+- ``coevo``: the SFT of ``params/cpu.yaml`` (or of the ``--params`` overlays) as the efficacy runs train it
+  (the baseline of every ratio);
 - ``group_by_length``: batches of similar length (transformers' ``train_sampling_strategy``), so
   less padding is computed; the examples seen per epoch are the same;
 - ``batch_16``: 16 examples per step instead of 8 (half the optimizer steps per epoch);
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from _workers import params_files  # noqa: E402  (bench/ is on the path when a script runs)
+from _workers import params_argv, params_files  # noqa: E402  (bench/ is on the path when a script runs)
 
 if TYPE_CHECKING:
     from coevo.models.generator import Generator
@@ -220,7 +221,7 @@ def run_worker(name: str, overrides: list[str], args: argparse.Namespace, isa: s
 
     cmd = [sys.executable, __file__, "--worker", name, "--model", args.model, "--side", args.side,
            "--steps", str(args.steps), "--overrides", json.dumps([*args.common, *overrides]),
-           *(arg for path in params_files(args.params)[1:] for arg in ("--params", str(path)))]
+           *params_argv(args.params)]
     return run_json_worker(cmd, isa_cap=ISAS[isa], failure=f"sft_step: variant {name} on {isa} failed")
 
 
