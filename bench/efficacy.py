@@ -93,9 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loader", choices=LOADERS, default=None,
                         help="the loader of --data (default per method: metatool for cogr/grape, stabletoolbench "
                              "for cohyde); a MetaTool source is subset by --queries, any other is used whole")
-    parser.add_argument("--vague", choices=("none", "test_copy", "all_queries"), default=None,
+    parser.add_argument("--vague", choices=("none", "test_copy", "train_copy", "all_queries"), default=None,
                         help="vague queries (data.vague): test_copy also reports the final table on vague copies "
-                             "of the test queries; all_queries makes every query vague (the shift setting). "
+                             "of the test queries; train_copy does that and trains (and chooses on val) with vague "
+                             "copies of the train and val queries beside theirs; all_queries makes every query vague "
+                             "(the shift setting). "
                              "Default: all_queries for grape, test_copy for cogr and cohyde")
     parser.add_argument("--budget-min", type=float, required=True,
                         help="wall-clock minutes for data preparation and training (the final test evaluation "
@@ -360,7 +362,7 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
         tr.log_metrics(report.tracking_metrics(table))
         tr.set_tags({**report.table_tags(table), "efficacy.stopped": why})
         tables = {"test": table}
-        if params.data.vague == "test_copy":
+        if params.data.vague in ("test_copy", "train_copy"):
             tables["vague"] = vague_table(args.method, params)
             term.say("final evaluation on the vague split: done")
             tr.log_metrics({k.replace("compare/", "compare_vague/", 1): v
@@ -369,6 +371,8 @@ def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
         url = tr.run_url()
     term.say(f"final evaluation: {(time.perf_counter() - eval_started) / 60:.1f} min")
     setting = {"test_copy": "; vague: test queries without their tools' words",
+               "train_copy": "; vague: test queries without their tools' words (vague copies of train and val "
+                             "queries trained on)",
                "all_queries": "; every query vague (the shift setting)"}.get(params.data.vague, "")
     for split, t in tables.items():
         term.print_rich(report.metrics_table(t["rows"], t["columns"], title=f"{args.method}: efficacy ({split}, "

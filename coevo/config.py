@@ -138,11 +138,12 @@ class DataParams(Section):
         "drop keeps one (the highest grade) and reports the count and first examples (warning, dataset.json "
         "meta.duplicates); error refuses the source with the same report.",
     )
-    vague: Literal["none", "test_copy", "all_queries"] = Field(
+    vague: Literal["none", "test_copy", "train_copy", "all_queries"] = Field(
         description="Vague queries (coevo.data.vague: a query with its relevant items' own words taken out, a "
         "fixed rule without a model or seed). none: the source's queries. test_copy: adds a `vague` split, a "
         "vague copy of every test query; `evaluation.split: vague` reports the final table on it (the CoHyDE "
-        "paper's vague-query comparison). all_queries: every query (train, val, test) becomes vague: the shift "
+        "paper's vague-query comparison). train_copy: test_copy, plus a vague copy of every train and val query in "
+        "its own split, so that training (a method's and S1a's) and the val choice see vague queries too. all_queries: every query (train, val, test) becomes vague: the shift "
         "setting in which a method trains and is measured on vague queries (GRAPE's shifted-query comparison). "
         "A query left with no content word has no vague version and is dropped (dataset.json meta.vague counts "
         "them).",
@@ -208,7 +209,7 @@ REQUIRED_CUTOFFS: tuple[int, ...] = (1, 5, 10)
 class EvaluationParams(Section):
     split: Literal["val", "test", "vague"] = Field(
         description="The split the FINAL evaluation reports; training phases and early stopping always monitor "
-        "the val split. vague: the vague copies of the test queries (needs `data.vague: test_copy`)."
+        "the val split. vague: the vague copies of the test queries (needs `data.vague: test_copy` or `train_copy`)."
     )
     cutoffs: list[StrictInt] = Field(
         min_length=1,
@@ -732,9 +733,9 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _vague_split(self) -> "Params":
-        if self.evaluation.split == "vague" and self.data.vague != "test_copy":
-            raise ValueError(f"evaluation.split = vague needs data.vague = test_copy (the vague copies of the test "
-                             f"queries); data.vague is {self.data.vague!r}")
+        if self.evaluation.split == "vague" and self.data.vague not in ("test_copy", "train_copy"):
+            raise ValueError(f"evaluation.split = vague needs data.vague = test_copy or train_copy (the vague copies "
+                             f"of the test queries); data.vague is {self.data.vague!r}")
         return self
 
     def flat(self) -> dict[str, Any]:

@@ -60,8 +60,33 @@ def test_all_queries_makes_every_split_vague_and_drops_what_is_left_empty():
 
 
 def test_a_bad_mode_and_a_vague_split_without_copies_are_refused():
-    with pytest.raises(ValueError, match=r"data.vague: 'some' is not one of none \| test_copy \| all_queries"):
+    with pytest.raises(ValueError, match=r"data.vague: 'some' is not one of none \| test_copy \| train_copy \| all_queries"):
         with_vague(_dataset(), "some")
     with pytest.raises(ValueError, match="evaluation.split = vague needs data.vague = test_copy"):
         load_params(["params.yaml"], ["evaluation.split=vague"])
     assert load_params(["params.yaml"], ["evaluation.split=vague", "data.vague=test_copy"]).evaluation.split == "vague"
+
+
+def test_train_copy_adds_vague_copies_to_train_and_val_and_the_vague_split():
+    base = _dataset()
+    base.queries.loc[base.queries["query_id"] == "q4", "split"] = "val"
+    vague = with_vague(base, "train_copy")
+    by_split = {s: sorted(g["query_id"]) for s, g in vague.queries.groupby("split")}
+    assert by_split == {"train": ["q1", "q1~vague"], "val": ["q4", "q4~vague"], "test": ["q2", "q3"],
+                        "vague": ["q2~vague"]}
+    assert vague.relevant("train")["q1~vague"] == {"weather": 1}
+    assert dict(zip(vague.queries["query_id"], vague.queries["text"]))["q1~vague"] == "What is the in Paris?"
+    assert vague.relevant("test") == base.relevant("test")  # the standard test set is untouched
+    assert vague.meta["vague"] == {"mode": "train_copy", "queries": 2, "kept": 1, "dropped": 1,
+                                   "copies_per_split": {"train": 1, "val": 1},
+                                   "rule": "item vocabulary removed (stem 5)"}
+    assert load_params(["params.yaml"], ["evaluation.split=vague", "data.vague=train_copy"]).data.vague == "train_copy"
+
+
+def test_the_prepared_loader_leaves_every_vague_copy_out(tmp_path):
+    from coevo.data.loaders import load_prepared
+
+    with_vague(_dataset(), "train_copy").save(tmp_path / "prepared")
+    loaded = load_prepared(tmp_path / "prepared")
+    assert sorted(loaded.queries["query_id"]) == ["q1", "q2", "q3", "q4"]
+    assert set(loaded.qrels["query_id"]) == {"q1", "q2", "q3", "q4"}

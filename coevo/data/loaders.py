@@ -712,12 +712,14 @@ def load_prepared(source: Path) -> Loaded:
     """A prepared data set folder (items, queries and qrels parquet, dataset.json), as
     ``coevo data prepare`` writes it: its tables and train/val/test splits are kept as they are
     (split "from source"), so a team's own data, converted once, trains and is measured like a
-    public set. Vague copies a prepare step added (split ``vague``) are left out: ``data.vague``
-    derives them again by its fixed rule."""
+    public set. Vague copies a prepare step added (split ``vague``, or ids ending ``~vague`` in train
+    and val) are left out: ``data.vague`` derives them again by its fixed rule."""
+    from coevo.data.vague import VAGUE_SUFFIX
     from coevo.data.schema import Dataset
 
     dataset = Dataset.load(require_dir(source))
-    queries = dataset.queries[dataset.queries["split"].isin(("train", "val", "test"))].reset_index(drop=True)
+    queries = dataset.queries[dataset.queries["split"].isin(("train", "val", "test"))
+                              & ~dataset.queries["query_id"].astype(str).str.endswith(VAGUE_SUFFIX)].reset_index(drop=True)
     qrels = dataset.qrels[dataset.qrels["query_id"].isin(set(queries["query_id"]))].reset_index(drop=True)
     return Loaded(items=dataset.items, queries=queries, qrels=qrels, grades=dataset.grades,
                   meta={"prepared_from": dataset.name})

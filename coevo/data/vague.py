@@ -17,6 +17,10 @@ with a fixed rule that needs no model and no seed:
 
 - ``test_copy`` adds a ``vague`` split: a copy of every test query (id ``<id>~vague``, same
   qrels) with the vague text. ``evaluation.split: vague`` reports the final table on it.
+- ``train_copy`` does what ``test_copy`` does and also adds a vague copy of every train and val
+  query to its own split (same id rule, same qrels): a method, and the baselines that train
+  (CoHyDE's S1a), see both kinds of query in training and in the val choice, while test keeps
+  the standard queries and the ``vague`` split their copies.
 - ``all_queries`` replaces every query's text (train, val and test): the shift setting, in
   which a method trains and is measured on vague queries alike.
 """
@@ -32,7 +36,7 @@ from coevo.data.schema import Dataset
 
 VAGUE_SPLIT = "vague"
 VAGUE_SUFFIX = "~vague"
-MODES = ("none", "test_copy", "all_queries")
+MODES = ("none", "test_copy", "train_copy", "all_queries")
 STEM = 5
 
 WORD = re.compile(r"[A-Za-z0-9]+")
@@ -106,19 +110,25 @@ def with_vague(dataset: Dataset, mode: str) -> Dataset:
     if mode == "none":
         return dataset
     queries, qrels = dataset.queries, dataset.qrels
-    if mode == "test_copy":
-        test = queries[queries["split"] == "test"]
-        texts = _vague_texts(dataset, test["query_id"])
-        kept = test[test["query_id"].map(lambda q: texts[q] is not None)].copy()
+    if mode in ("test_copy", "train_copy"):
+        # test copies go to their own split; train and val copies (train_copy) stay in theirs
+        into = {"test": VAGUE_SPLIT} | ({"train": "train", "val": "val"} if mode == "train_copy" else {})
+        source = queries[queries["split"].isin(list(into))]
+        texts = _vague_texts(dataset, source["query_id"])
+        kept = source[source["query_id"].map(lambda q: texts[q] is not None)].copy()
         kept["text"] = kept["query_id"].map(texts)
-        kept["split"] = VAGUE_SPLIT
+        kept["split"] = kept["split"].map(into)
         new_id = {q: f"{q}{VAGUE_SUFFIX}" for q in kept["query_id"]}
         copied = qrels[qrels["query_id"].isin(list(new_id))].copy()
         copied["query_id"] = copied["query_id"].map(new_id)
         kept["query_id"] = kept["query_id"].map(new_id)
         new_queries = pd.concat([queries, kept], ignore_index=True)
         new_qrels = pd.concat([qrels, copied], ignore_index=True)
-        stats = {"mode": mode, "queries": len(test), "kept": len(kept), "dropped": len(test) - len(kept)}
+        n_test = int((source["split"] == "test").sum())
+        n_vague = int((kept["split"] == VAGUE_SPLIT).sum())
+        stats = {"mode": mode, "queries": n_test, "kept": n_vague, "dropped": n_test - n_vague}
+        if mode == "train_copy":
+            stats["copies_per_split"] = {s: int((kept["split"] == s).sum()) for s in ("train", "val")}
     else:
         texts = _vague_texts(dataset, queries["query_id"])
         keep = queries["query_id"].map(lambda q: texts[q] is not None)
