@@ -563,8 +563,26 @@ class GrapeParams(Section):
     )
     lora: LoraParams = Field(description="LoRA adapters of the rewriter.")
     sampling: SamplingParams = Field(description="Text generation: GRPO rollouts and evaluation.")
+    sft_warmup: StrictBool = Field(
+        description="Warm-start the rewriter by SFT before GRPO (not in the paper, which starts GRPO from the base "
+        "model): each training query's target is its relevant item as the frozen text retriever indexes it "
+        "(`title: text`), cut to the completion budget. The final phase is then the better of the warm start and "
+        "GRPO on val. false = the paper's GRPO from the base model."
+    )
+    sft: SFTParams = Field(description="The SFT warm start (grape.sft_warmup = true).")
+    sft_max_examples: StrictInt | None = Field(
+        ge=1, description="Seeded cap on the warm start's training queries; null = every training query."
+    )
     grpo: GrapeGRPOParams = Field(description="GRPO of the rewriter against the frozen retriever.")
     eval_every: StrictInt = Field(ge=1, description="Evaluate on the val split every this many GRPO steps.")
+
+    @model_validator(mode="after")
+    def _sft_targets(self) -> "GrapeParams":
+        # the warm start's targets are item texts: an image corpus has none, and they carry no reasoning section
+        if self.sft_warmup and (self.retriever != "text" or self.reasoning):
+            raise ValueError(f"grape.sft_warmup needs grape.retriever = text and grape.reasoning = false (its targets "
+                             f"are item texts); retriever is {self.retriever!r}, reasoning {self.reasoning}")
+        return self
 
     @model_validator(mode="after")
     def _clip_weights(self) -> "GrapeParams":

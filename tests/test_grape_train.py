@@ -202,3 +202,45 @@ def test_no_val_query_with_a_relevant_item_fails_before_any_work(tmp_path):
     assert "val split" in str(error.value)
     done = [p.name for p in run.phases() if run.is_done(p.name)]
     assert done == [], f"phases {done} ran before the val check (every check runs before any work)"
+
+
+def test_grape_sft_warm_start_trains_before_grpo_and_val_chooses_the_final_phase(tmp_path):
+    from coevo.methods.grape import SFT_TARGET_SLACK, cut_to_tokens
+
+    data = _tool_dataset(tmp_path)
+    params = _params(**{"grape.sft_warmup": "true", "grape.sft.batch_size": 2})
+    run = Grape(tmp_path / "run", params, data)
+    assert [p.name for p in run.phases()] == ["index", "raw", "untrained", "sft", "train", "trained"]
+    rows = run.run()
+    assert [r["name"] for r in rows] == ["raw", "untrained", "sft", "trained"]
+    # one row per training query: its prompt, then its tool as the index embeds it, cut to the budget
+    generator = run.base_generator()
+    examples = run.sft_examples(generator.tokenizer)
+    train = [(q, t) for (q, t), s in zip(QUERIES, SPLITS) if s == "train"]
+    assert len(examples) == len(train) == run.result("sft")["examples"]
+    budget = 8 - SFT_TARGET_SLACK
+    for example, (query, tool) in zip(examples, train):
+        assert query in example["prompt"][-1]["content"]
+        target = example["completion"][0]["content"]
+        assert target and f"{tool}: {TOOLS[tool]}".startswith(target)
+        assert len(generator.tokenizer(target, add_special_tokens=False)["input_ids"]) <= budget
+    assert cut_to_tokens("short", generator.tokenizer, 100) == "short"
+    # the warm start is saved apart from the base rewriter and moved its adapter; GRPO starts from it
+    base, warm = _adapter_weights(run.base_generator_dir), _adapter_weights(run.sft_generator_dir)
+    assert any(not torch.equal(base[k], warm[k]) for k in base)
+    assert run.result("sft")["sft"]["train/steps"] >= 1 and "recall@10" in run.result("sft")["eval"]
+    assert list(run.table()) == ["raw", "untrained", "sft", "trained"]
+    # val chooses between the warm start and GRPO; the final table reads test for every stage
+    val = {s: run.table()[s]["recall@10"] for s in ("sft", "trained")}
+    chosen = "sft" if val["sft"] > val["trained"] else "trained"
+    final = run.final_evaluation("test")
+    assert final["best_phase"] == chosen and [r["label"] for r in final["rows"]] == ["raw", "untrained", "sft", "trained"]
+    # the warm start's knobs re-run it and what follows, not the untrained phase
+    more = Grape(tmp_path / "run", _params(**{"grape.sft_warmup": "true", "grape.sft.batch_size": 2,
+                                              "grape.sft.epochs": 2}), data)
+    assert more.is_done("untrained") and not more.is_done("sft") and not more.is_done("train")
+
+
+def test_grape_sft_warm_start_needs_item_texts():
+    with pytest.raises(ValueError, match="grape.sft_warmup needs grape.retriever = text and grape.reasoning = false"):
+        _params(**{"grape.sft_warmup": "true", "grape.reasoning": "true"})

@@ -20,8 +20,10 @@ Phases over one run directory (:class:`coevo.methods.base.Method` decides what r
 - ``index``       embed the corpus once with the frozen retriever; faiss index artifact
 - ``raw``, ``untrained``  Recall@1/5/10, MRR@10, full MRR, NDCG@10 and the monitor pair on
                   the val split for the query as typed and for the base rewriter
-- ``train``       GRPO for ``grape.grpo.steps`` steps; every ``eval_every`` steps the
-                  monitor evaluates the current rewriter on the val split
+- ``sft``         only with ``grape.sft_warmup``: SFT of the base rewriter on (training query ->
+                  its relevant item as the retriever indexes it), evaluated on the val split
+- ``train``       GRPO for ``grape.grpo.steps`` steps (from the warm start when there is one);
+                  every ``eval_every`` steps the monitor evaluates the current rewriter on val
 - ``trained``     the trained rewriter on the val split
 The test split is read once, by :meth:`Grape.final_evaluation`.
 
@@ -30,6 +32,7 @@ Layout of ``run_dir``::
     stamps/<phase>.json         each finished phase's key and record (coevo.steps)
     index/                      DenseIndex of the corpus (faiss + ids + manifest)
     base_generator/             the untrained rewriter (the start of training)
+    sft_generator/              the warm-started rewriter (grape.sft_warmup)
     generator/                  the trained rewriter
     train/                      TRL output folder
     monitor/step_<n>.json       monitor evaluations during training
@@ -56,7 +59,7 @@ if TYPE_CHECKING:  # types only: the generator module pulls in torch and transfo
 
 log = logging.getLogger(__name__)
 
-RAW, UNTRAINED, TRAINED = "raw", "untrained", "trained"
+RAW, UNTRAINED, SFT, TRAINED = "raw", "untrained", "sft", "trained"
 EVAL_KS: tuple[int, ...] = (1, 5, 10)
 N_EXAMPLES = 8  # example rewrites stored with each evaluation
 
@@ -107,6 +110,8 @@ def make_retriever(params: GrapeParams, device: str | None = None, seed: int = 0
 
 RETRIEVER_KNOBS = ("retriever", "text_encoder", "clip_model", "clip_pretrained")
 REWRITER_KNOBS = ("generator", "lora", "sampling", "reasoning", "max_reasoning_tokens", "query_mode")
+SFT_KNOBS = ("sft_warmup", "sft", "sft_max_examples")
+SFT_TARGET_SLACK = 4  # tokens left free under the completion budget: the end-of-turn fits
 
 
 class Grape(Method):
@@ -131,13 +136,16 @@ class Grape(Method):
     # ---------------------------------------------------------------- phases
     def phases(self) -> list[Phase]:
         g = lambda *names: ("seed", *(f"grape.{n}" for n in names))  # noqa: E731
+        warm = self.cfg.sft_warmup
         return [
             Phase("index", "corpus index (frozen retriever)", g(*RETRIEVER_KNOBS), ("index",)),
             Phase(RAW, "raw queries", (), ("eval/raw.json",), reads=("index",)),
             Phase(UNTRAINED, "untrained rewriter", g(*REWRITER_KNOBS), ("base_generator", "eval/untrained.json"),
                   reads=("index",)),
+            *([Phase(SFT, "SFT warm start (query -> its item's indexed text)", g(*REWRITER_KNOBS, *SFT_KNOBS),
+                     ("sft_generator", "eval/sft.json"), reads=(UNTRAINED,))] if warm else []),
             Phase("train", f"GRPO ({self.cfg.grpo.steps} steps, {self.cfg.reward} reward)",
-                  g(*type(self.cfg).model_fields), ("train", "generator", "monitor"), reads=(UNTRAINED,)),
+                  g(*type(self.cfg).model_fields), ("train", "generator", "monitor"), reads=(SFT if warm else UNTRAINED,)),
             Phase(TRAINED, "trained rewriter", (), ("eval/trained.json",), reads=("train",)),
         ]
 
@@ -146,6 +154,8 @@ class Grape(Method):
             return self.build_index()
         if phase.name == "train":
             return self.train()
+        if phase.name == SFT:
+            return self.warm_start()
         result = self.evaluate(phase.name)
         return {"stage": phase.name, "step": result["step"], "eval": _numbers(result["splits"][MONITOR_SPLIT])}
 
@@ -168,6 +178,10 @@ class Grape(Method):
     @property
     def base_generator_dir(self) -> Path:
         return self.run_dir / "base_generator"
+
+    @property
+    def sft_generator_dir(self) -> Path:
+        return self.run_dir / "sft_generator"
 
     @property
     def generator_dir(self) -> Path:
@@ -327,18 +341,20 @@ class Grape(Method):
         self.require_val()
         splits = list(splits)
         if step is None:
-            step = {UNTRAINED: 0, TRAINED: self.cfg.grpo.steps}.get(stage)
+            step = {UNTRAINED: 0, SFT: 0, TRAINED: self.cfg.grpo.steps}.get(stage)
         if stage != RAW and generator is None:
             from coevo.models.generator import Generator
 
             if stage == UNTRAINED:
                 generator = self.base_generator()
-            elif stage == TRAINED:
-                if not (self.generator_dir / "generator.json").exists():
-                    raise FileNotFoundError(f"{self.generator_dir}: no trained rewriter (run train() first)")
-                generator = Generator.load(self.generator_dir, trainable=False)
+            elif stage in (SFT, TRAINED):
+                folder, what = ((self.sft_generator_dir, "no warm-started rewriter (run warm_start() first)")
+                                if stage == SFT else (self.generator_dir, "no trained rewriter (run train() first)"))
+                if not (folder / "generator.json").exists():
+                    raise FileNotFoundError(f"{folder}: {what}")
+                generator = Generator.load(folder, trainable=False)
             else:
-                raise ValueError(f"unknown GRAPE stage {stage!r} (expected raw, untrained or trained)")
+                raise ValueError(f"unknown GRAPE stage {stage!r} (expected raw, untrained, sft or trained)")
         self._set_threads()
         result: dict[str, Any] = {"stage": stage, "step": step, "reward": self.cfg.reward, "splits": {}}
         for split in splits:
@@ -361,17 +377,28 @@ class Grape(Method):
             write_json(path, result)
         return result
 
+    def final_stages(self) -> tuple[str, ...]:
+        return (RAW, UNTRAINED, SFT, TRAINED) if self.cfg.sft_warmup else (RAW, UNTRAINED, TRAINED)
+
+    def chosen_stage(self) -> str:
+        """The trained rewriter, or with a warm start the better on val (recall@10) of it and GRPO."""
+        if not self.cfg.sft_warmup:
+            return TRAINED
+        val = {stage: read_json(self.eval_path(stage))["splits"][MONITOR_SPLIT]["recall@10"] for stage in (SFT, TRAINED)}
+        return SFT if val[SFT] > val[TRAINED] else TRAINED
+
     def final_evaluation(self, split: str) -> dict[str, Any]:
-        """Raw queries, the untrained and the trained rewriter, evaluated once on ``split`` at
-        the ``evaluation.cutoffs``; each row keeps its per-query values (``per_query``) for
-        the paired comparisons of the final table (trained vs the untrained start)."""
+        """Raw queries, the untrained, warm-started (``grape.sft_warmup``) and trained rewriter,
+        evaluated once on ``split`` at the ``evaluation.cutoffs``; each row keeps its per-query
+        values (``per_query``) for the paired comparisons of the final table (the phase val
+        chose vs the untrained start)."""
         rows = []
-        for stage in (RAW, UNTRAINED, TRAINED):
+        for stage in self.final_stages():
             metrics = self.evaluate(stage, splits=[split], store=False, cutoffs=self.params.evaluation.cutoffs,
                                     per_query=True)["splits"][split]
             rows.append({"label": stage, "phase": stage, "split": split, **_numbers(metrics),
                          "per_query": metrics["per_query"]})
-        return {"split": split, "best_phase": TRAINED, "start_phase": UNTRAINED, "rows": rows}
+        return {"split": split, "best_phase": self.chosen_stage(), "start_phase": UNTRAINED, "rows": rows}
 
     def write_reports(self, metrics_file: Path, plots_csv: Path, report_dir: Path, final: Mapping[str, Any],
                       baselines: Mapping[str, Any]) -> list[str]:
@@ -422,12 +449,54 @@ class Grape(Method):
         grape_reward.__name__ = f"{self.cfg.reward}_reward"
         return grape_reward
 
+    def sft_examples(self, tokenizer: Any) -> list[dict[str, Any]]:
+        """The warm start's rows: a training query's prompt -> its first relevant item as the
+        retriever indexes it, cut at a word boundary to fit the completion budget (seeded cap)."""
+        import random
+
+        from coevo.models.encoder import item_text
+
+        queries = self.queries("train")
+        if self.cfg.sft_max_examples is not None and len(queries) > self.cfg.sft_max_examples:
+            queries = random.Random(self.seed).sample(queries, self.cfg.sft_max_examples)
+        items = self.dataset.items.set_index("item_id")
+        budget = min(self.cfg.sampling.max_new_tokens, self.cfg.grpo.max_completion_length) - SFT_TARGET_SLACK
+        rows = []
+        for q in queries:
+            item = max(q["relevant"], key=lambda i: q["relevant"][i])
+            target = " ".join(item_text(items.at[item, "title"], items.at[item, "text"]).split())
+            rows.append({"prompt": self._prompt(q["text"]),
+                         "completion": [{"role": "assistant", "content": cut_to_tokens(target, tokenizer, budget)}]})
+        return rows
+
+    def warm_start(self) -> dict[str, Any]:
+        """SFT of the base rewriter on :meth:`sft_examples`, saved, then evaluated on val."""
+        import tempfile
+
+        from coevo.train.sft import train_sft
+
+        self._set_threads()
+        generator = self.base_generator()
+        examples = self.sft_examples(generator.tokenizer)
+        with tempfile.TemporaryDirectory(prefix="coevo-sft-") as scratch:
+            stats = train_sft(generator, examples, self.cfg.sft, scratch, self.seed, what="GRAPE SFT warm start",
+                              knob="grape.sft")
+        generator.save(self.sft_generator_dir)
+        result = self.evaluate(SFT, generator=generator)
+        return {"stage": SFT, "examples": len(examples), "sft": stats, "eval": _numbers(result["splits"][MONITOR_SPLIT])}
+
+    def start_generator(self):
+        """Where GRPO starts: the warm-started rewriter (grape.sft_warmup) or the base one."""
+        from coevo.models.generator import Generator
+
+        return Generator.load(self.sft_generator_dir) if self.cfg.sft_warmup else self.base_generator()
+
     def train(self) -> dict[str, Any]:
         """GRPO on the rewriter; monitor evaluations every ``eval_every`` steps (val split)."""
         from coevo.train.grpo import train_grpo
 
         (self.run_dir / "monitor").mkdir(parents=True, exist_ok=True)  # an output even when no step is monitored
-        generator = self.base_generator()
+        generator = self.start_generator()
         monitor_split = MONITOR_SPLIT
         grpo = self.cfg.grpo.model_copy(
             update={"max_completion_length": self.completion_budget(self.cfg.grpo.max_completion_length)})
@@ -466,7 +535,7 @@ class Grape(Method):
     def table(self) -> dict[str, dict[str, dict[str, float]]]:
         """{stage: {metric: value}} on the val split for raw / untrained / trained."""
         return {stage: _numbers(read_json(self.eval_path(stage))["splits"][MONITOR_SPLIT])
-                for stage in (RAW, UNTRAINED, TRAINED) if self.eval_path(stage).exists()}
+                for stage in (RAW, UNTRAINED, SFT, TRAINED) if self.eval_path(stage).exists()}
 
     def history(self) -> list[dict[str, Any]]:
         """The monitor curve: one row per evaluation of the rewriter on the monitored split,
@@ -484,6 +553,15 @@ class Grape(Method):
                          "mean_relevant_similarity": m["mean_relevant_similarity"],
                          "mean_rank_reward": m["mean_rank_reward"], "malformed_fraction": m["malformed_fraction"]})
         return sorted(rows, key=lambda r: (r["step"], r["stage"] != TRAINED))
+
+
+def cut_to_tokens(text: str, tokenizer: Any, budget: int) -> str:
+    """``text`` cut to at most ``budget`` tokens of ``tokenizer``, at a word boundary."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= budget:
+        return text
+    cut = tokenizer.decode(ids[:budget], skip_special_tokens=True)
+    return cut.rsplit(" ", 1)[0].strip() if " " in cut.strip() else cut.strip()
 
 
 def monitor_shows_inflation(history: Sequence[Mapping[str, Any]], tolerance: float = 0.0) -> bool:
