@@ -142,7 +142,7 @@ class Grape(Method):
             Phase(RAW, "raw queries", (), ("eval/raw.json",), reads=("index",)),
             Phase(UNTRAINED, "untrained rewriter", g(*REWRITER_KNOBS), ("base_generator", "eval/untrained.json"),
                   reads=("index",)),
-            *([Phase(SFT, "SFT warm start (query -> its item's indexed text)", g(*REWRITER_KNOBS, *SFT_KNOBS),
+            *([Phase(SFT, "SFT warm start", g(*REWRITER_KNOBS, *SFT_KNOBS),
                      ("sft_generator", "eval/sft.json"), reads=(UNTRAINED,))] if warm else []),
             Phase("train", f"GRPO ({self.cfg.grpo.steps} steps, {self.cfg.reward} reward)",
                   g(*type(self.cfg).model_fields), ("train", "generator", "monitor"), reads=(SFT if warm else UNTRAINED,)),
