@@ -143,7 +143,8 @@ class DataParams(Section):
         "fixed rule without a model or seed). none: the source's queries. test_copy: adds a `vague` split, a "
         "vague copy of every test query; `evaluation.split: vague` reports the final table on it (the CoHyDE "
         "paper's vague-query comparison). train_copy: test_copy, plus a vague copy of every train and val query in "
-        "its own split, so that training (a method's and S1a's) and the val choice see vague queries too. all_queries: every query (train, val, test) becomes vague: the shift "
+        "its own split, so that training (a method's and S1a's) and the val choice see vague queries too. "
+        "all_queries: every query (train, val, test) becomes vague: the shift "
         "setting in which a method trains and is measured on vague queries (GRAPE's shifted-query comparison). "
         "A query left with no content word has no vague version and is dropped (dataset.json meta.vague counts "
         "them).",

@@ -454,17 +454,14 @@ class Grape(Method):
         retriever indexes it, cut at a word boundary to fit the completion budget (seeded cap)."""
         import random
 
-        from coevo.models.encoder import item_text
-
         queries = self.queries("train")
         if self.cfg.sft_max_examples is not None and len(queries) > self.cfg.sft_max_examples:
             queries = random.Random(self.seed).sample(queries, self.cfg.sft_max_examples)
-        items = self.dataset.items.set_index("item_id")
         budget = min(self.cfg.sampling.max_new_tokens, self.cfg.grpo.max_completion_length) - SFT_TARGET_SLACK
         rows = []
         for q in queries:
             item = max(q["relevant"], key=lambda i: q["relevant"][i])
-            target = " ".join(item_text(items.at[item, "title"], items.at[item, "text"]).split())
+            target = " ".join(self.dataset.item_text(item).split())  # as the index embeds it, on one line
             rows.append({"prompt": self._prompt(q["text"]),
                          "completion": [{"role": "assistant", "content": cut_to_tokens(target, tokenizer, budget)}]})
         return rows
