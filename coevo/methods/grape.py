@@ -187,6 +187,10 @@ class Grape(Method):
     def generator_dir(self) -> Path:
         return self.run_dir / "generator"
 
+    def rewriter_dir(self, stage: str) -> Path:
+        """Where the rewriter of a trained stage is saved (``sft`` or ``trained``)."""
+        return self.sft_generator_dir if stage == SFT else self.generator_dir
+
     def eval_path(self, stage: str) -> Path:
         folder = "monitor" if stage.startswith("step_") else "eval"
         return self.run_dir / folder / f"{stage}.json"
@@ -348,8 +352,9 @@ class Grape(Method):
             if stage == UNTRAINED:
                 generator = self.base_generator()
             elif stage in (SFT, TRAINED):
-                folder, what = ((self.sft_generator_dir, "no warm-started rewriter (run warm_start() first)")
-                                if stage == SFT else (self.generator_dir, "no trained rewriter (run train() first)"))
+                folder = self.rewriter_dir(stage)
+                what = ("no warm-started rewriter (run warm_start() first)" if stage == SFT
+                        else "no trained rewriter (run train() first)")
                 if not (folder / "generator.json").exists():
                     raise FileNotFoundError(f"{folder}: {what}")
                 generator = Generator.load(folder, trainable=False)
@@ -530,7 +535,7 @@ class Grape(Method):
         limit_cpu_threads()
 
     def table(self) -> dict[str, dict[str, dict[str, float]]]:
-        """{stage: {metric: value}} on the val split for raw / untrained / trained."""
+        """{stage: {metric: value}} on the val split for raw / untrained / sft (a warm start) / trained."""
         return {stage: _numbers(read_json(self.eval_path(stage))["splits"][MONITOR_SPLIT])
                 for stage in (RAW, UNTRAINED, SFT, TRAINED) if self.eval_path(stage).exists()}
 

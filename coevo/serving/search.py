@@ -479,7 +479,7 @@ class GrapeRetriever(_DenseRetriever):
 
     @classmethod
     def from_run(cls, run_dir: Path, params: Params, dataset_dir: Path) -> "GrapeRetriever":
-        from coevo.methods.grape import SFT, TRAINED, Grape
+        from coevo.methods.grape import TRAINED, Grape
         from coevo.models.generator import Generator
 
         run = Grape(run_dir, params, dataset_dir)
@@ -489,7 +489,7 @@ class GrapeRetriever(_DenseRetriever):
                                     "run the train stage first")
         cfg = params.grape
         phase = run.chosen_stage()  # with a warm start, the better on val of it and GRPO
-        generator = Generator.load(run.sft_generator_dir if phase == SFT else run.generator_dir, trainable=False)
+        generator = Generator.load(run.rewriter_dir(phase), trainable=False)
         frozen = run.retriever  # the frozen retriever with the run's corpus index attached
         settings = {
             "retriever": {"kind": cfg.retriever, "text_encoder": cfg.text_encoder, "clip_model": cfg.clip_model,
