@@ -553,10 +553,15 @@ class GrapeParams(Section):
         "(ablation: separates top-1 from top-10, which the linear reward barely does on a small corpus); "
         "similarity: the raw cosine similarity (ablation, inflatable)."
     )
-    query_mode: Literal["replace", "expand"] = Field(
+    query_mode: Literal["replace", "expand", "mix"] = Field(
         description="What the frozen retriever searches: replace = the rewrite alone (the paper's); expand = the "
-        "query followed by the rewrite (query2doc-style: the rewriter adds words, the user's are kept). Training "
+        "query followed by the rewrite (query2doc-style: the rewriter adds words, the user's are kept); mix = the "
+        "query's unit embedding plus mix_weight times the rewrite's (the query stays the larger part). Training "
         "rewards, evaluation and `coevo search` all use it."
+    )
+    mix_weight: Float = Field(
+        gt=0, le=1, description="query_mode mix: the rewrite embedding's weight beside the query's (1); ignored "
+        "in the other modes."
     )
     reasoning: StrictBool = Field(description="Let the rewriter write a short reasoning section before the rewrite.")
     max_reasoning_tokens: StrictInt = Field(

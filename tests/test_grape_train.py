@@ -175,6 +175,11 @@ def test_grape_expand_mode_searches_the_query_followed_by_the_rewrite(tmp_path):
     # the mode is part of the rewriter's key: switching back to replace re-runs from the untrained phase
     replace = Grape(tmp_path / "run", _params(), data)
     assert replace.is_done("raw") and not replace.is_done("untrained")
+    # mix mode asks for added words as expand does, is its own key, and searches the query too
+    assert rewrite_messages("q", query_mode="mix") == rewrite_messages("q", query_mode="expand")
+    mix = Grape(tmp_path / "run", _params(**{"grape.query_mode": "mix"}), data)
+    assert mix.is_done("raw") and not mix.is_done("untrained")
+    assert mix.run_phase("untrained")["eval"]["recall@10"] == 1.0
 
 
 def test_grape_tiny_rewriter_trains_against_tiny_clip(tmp_path):

@@ -152,5 +152,29 @@ def test_searched_text_per_mode():
     assert searched_text("cheap flights", None, "replace") == ""
     assert searched_text("cheap flights", "airline fares", "expand") == "cheap flights airline fares"
     assert searched_text("cheap flights", None, "expand") == "cheap flights"
+    assert searched_text("cheap flights", "airline fares", "mix") == "cheap flights airline fares"  # shown words
     with pytest.raises(ValueError, match="grape.query_mode"):
         searched_text("q", "r", "append")
+
+
+def test_mix_mode_searches_the_query_embedding_plus_the_weighted_rewrite_embedding(retriever):
+    from coevo.rewards.grape import search_embeddings
+
+    a, b = np.eye(26, dtype=np.float32)[0], np.eye(26, dtype=np.float32)[1]
+    embs = search_embeddings(retriever.embed_queries, ["bb", "bb"], ["aaa", None], "mix", 0.5)
+    np.testing.assert_allclose(embs, [b + 0.5 * a, b])  # unit embeddings; a malformed rewrite: the query alone
+    texts = {"qa": "bb", "qb": "bb"}
+    reward = make_reward("rank", retriever, {"qa": ["a"], "qb": ["b"]}, query_texts=texts, query_mode="mix",
+                         mix_weight=0.5)
+    # the query keeps the larger part: b still first, a second (1 - 2 * 1 / 4), where expand's
+    # "bb aaa" would rank a first; a malformed rewrite is a format error, as in the other modes
+    assert reward(["qa", "qb", "qb"], ["aaa", "aaa", " "]) == [pytest.approx(0.5), 1.0, -1.0]
+    # the weight decides: query "bbb a" (a 0.32, b 0.95) plus the rewrite "a" at 0.5 keeps b first, at 1.0 not
+    for weight, expected in ((0.5, 0.5), (1.0, 1.0)):
+        mixed = make_reward("rank", retriever, {"q": ["a"]}, query_texts={"q": "bbb a"}, query_mode="mix",
+                            mix_weight=weight)
+        assert mixed(["q"], ["a"]) == [pytest.approx(expected)]
+    with pytest.raises(ValueError, match="grape.mix_weight must be > 0 in mix mode"):
+        search_embeddings(retriever.embed_queries, ["bb"], ["a"], "mix", 0.0)
+    with pytest.raises(ValueError, match="query texts are needed with expand and mix"):
+        make_reward("rank", retriever, {"qa": ["a"]}, query_mode="mix", mix_weight=0.5)

@@ -125,6 +125,26 @@ def test_search_returns_ranked_items_with_what_the_generator_wrote(retrievers, m
     assert retriever.name == f"coevo-{method}-{DATASET}"
 
 
+def test_a_grape_model_trained_in_mix_mode_searches_the_query_embedding_plus_the_weighted_rewrite(retrievers,
+                                                                                                monkeypatch):
+    from coevo.retrieval.dense import l2_normalize
+
+    retriever = retrievers["grape"]
+    monkeypatch.setitem(retriever.settings, "query_mode", "mix")
+    monkeypatch.setitem(retriever.settings, "mix_weight", 0.25)
+    rewrites = ["weather forecast by city", None]  # a written rewrite, and a malformed one (the query alone)
+    monkeypatch.setattr(retriever, "generate", lambda queries: rewrites[: len(queries)])
+    queries = QUERIES[:2]
+    records = retriever.search(queries, k=3)
+    expected = l2_normalize(retriever.embed(queries))
+    expected[0] += 0.25 * l2_normalize(retriever.embed(rewrites[:1]))[0]
+    ids, scores = retriever.index.search(expected, 3)
+    assert [r["rewrite"] for r in records] == rewrites  # the record shows what the rewriter wrote
+    assert [[h["item_id"] for h in r["results"]] for r in records] == [list(row) for row in ids]
+    for record, row in zip(records, scores):
+        assert [h["score"] for h in record["results"]] == pytest.approx(list(row), abs=1e-5)
+
+
 def test_a_grape_model_trained_in_expand_mode_searches_the_query_followed_by_its_rewrite(retrievers, monkeypatch):
     retriever = retrievers["grape"]
     monkeypatch.setitem(retriever.settings, "query_mode", "expand")

@@ -8,8 +8,9 @@ ablation that rewards the raw cosine similarity instead, ``reciprocal_rank`` the
 rewards 1 / rank.
 
 ``grape.query_mode`` says what the retriever searches: the rewrite alone (``replace``, the
-paper's) or the query followed by the rewrite (``expand``, query2doc-style). The raw-query
-row is the query as typed in both modes.
+paper's), the query followed by the rewrite (``expand``, query2doc-style), or the query's
+embedding plus ``grape.mix_weight`` times the rewrite's (``mix``; both of these prompt for
+words to add). The raw-query row is the query as typed in every mode.
 
 Score-inflation monitor: every evaluation records both ``mean_relevant_similarity`` (mean
 cosine of the query with its relevant items) and ``recall@1``. A rewriter that learns to
@@ -87,7 +88,7 @@ def rewrite_messages(query: str, retriever_kind: str = "text", reasoning: bool =
     """Chat prompt asking for a rewrite, or in expand mode for words to add to the query
     (optionally after a capped reasoning section)."""
     corpus, item = CORPUS_WORDS.get(retriever_kind, CORPUS_WORDS["text"])
-    expand = query_mode == "expand"
+    expand = query_mode in ("expand", "mix")  # both add to the query: the same prompt
     instruction = (REASONING_INSTRUCTION.format(max_words=max_reasoning_tokens) if reasoning
                    else EXPAND_INSTRUCTION if expand else PLAIN_INSTRUCTION)
     system = EXPAND_SYSTEM_PROMPT if expand else SYSTEM_PROMPT
@@ -109,7 +110,7 @@ def make_retriever(params: GrapeParams, device: str | None = None, seed: int = 0
 
 
 RETRIEVER_KNOBS = ("retriever", "text_encoder", "clip_model", "clip_pretrained")
-REWRITER_KNOBS = ("generator", "lora", "sampling", "reasoning", "max_reasoning_tokens", "query_mode")
+REWRITER_KNOBS = ("generator", "lora", "sampling", "reasoning", "max_reasoning_tokens", "query_mode", "mix_weight")
 SFT_KNOBS = ("sft_warmup", "sft", "sft_max_examples")
 SFT_TARGET_SLACK = 4  # tokens left free under the completion budget: the end-of-turn fits
 
@@ -288,21 +289,28 @@ class Grape(Method):
 
     # ------------------------------------------------------------ evaluation
     def searched(self, texts: Sequence[str], rewrites: Sequence[str | None]) -> list[str]:
-        """What the frozen retriever embeds for each query (``grape.query_mode``)."""
+        """What the frozen retriever searches for each query (``grape.query_mode``), as words."""
         from coevo.rewards.grape import searched_text
 
         return [searched_text(t, r, self.cfg.query_mode) for t, r in zip(texts, rewrites)]
 
+    def search_embeddings(self, texts: Sequence[str], rewrites: Sequence[str | None]) -> np.ndarray:
+        """What the frozen retriever searches for each query (``grape.query_mode``), as embeddings."""
+        from coevo.rewards.grape import search_embeddings
+
+        return search_embeddings(self.retriever.embed_queries, texts, rewrites, self.cfg.query_mode,
+                                 self.cfg.mix_weight)
+
     def score_queries(self, queries: Sequence[Mapping[str, Any]], rewrites: Sequence[str | None],
-                      searched: Sequence[str], *, cutoffs: Sequence[int] = EVAL_KS,
+                      embs: np.ndarray, *, cutoffs: Sequence[int] = EVAL_KS,
                       per_query: bool = False) -> dict[str, Any]:
         """Retrieval metrics (at ``cutoffs``) and the inflation monitor for one split's
         (rewritten) queries; with ``per_query``, also the ranked metrics' per-query values
         (``per_query``: {metric: {query_id: value}}).
 
-        ``searched`` is the text embedded per query (:meth:`searched`); a malformed
-        rewrite is searched as the empty string (retrieval with nothing) in replace mode and as
-        the query in expand mode, and counted in ``malformed_fraction``.
+        ``embs`` are what the retriever searches per query (:meth:`search_embeddings`); a
+        malformed rewrite is searched as the empty string (retrieval with nothing) in replace mode
+        and as the query in expand and mix mode, and counted in ``malformed_fraction``.
         """
         from coevo.retrieval.metrics import ranked_evaluation
         from coevo.rewards.grape import rank_reward
@@ -310,7 +318,6 @@ class Grape(Method):
         retriever = self.retriever
         index = retriever.index
         assert index is not None
-        embs = retriever.embed_queries(list(searched))
         rankings = index.rank_corpus(embs, k=max(cutoffs))
         qrels = {q["query_id"]: q["relevant"] for q in queries}
         evaluation = ranked_evaluation({q["query_id"]: r for q, r in zip(queries, rankings)}, qrels, cutoffs)
@@ -367,10 +374,12 @@ class Grape(Method):
             texts = [q["text"] for q in queries]
             if stage == RAW:
                 completions, rewrites, searched = texts, list(texts), list(texts)
+                embs = self.retriever.embed_queries(texts)
             else:
                 completions, rewrites = self.rewrite(generator, texts)
                 searched = self.searched(texts, rewrites)
-            metrics = self.score_queries(queries, rewrites, searched, cutoffs=cutoffs, per_query=per_query)
+                embs = self.search_embeddings(texts, rewrites)
+            metrics = self.score_queries(queries, rewrites, embs, cutoffs=cutoffs, per_query=per_query)
             metrics["examples"] = [{"query": t, "completion": c, "rewrite": r, "searched": x}
                                    for t, c, r, x in list(zip(texts, completions, rewrites, searched))[:N_EXAMPLES]]
             result["splits"][split] = metrics
@@ -445,8 +454,9 @@ class Grape(Method):
 
         queries = self.queries("train")
         qrels = {q["query_id"]: list(q["relevant"]) for q in queries}
-        texts = {q["query_id"]: q["text"] for q in queries} if self.cfg.query_mode == "expand" else None
-        reward = make_reward(self.cfg.reward, self.retriever, qrels, self.parser(tokenizer), texts)
+        texts = {q["query_id"]: q["text"] for q in queries} if self.cfg.query_mode != "replace" else None
+        reward = make_reward(self.cfg.reward, self.retriever, qrels, self.parser(tokenizer), texts,
+                             self.cfg.query_mode, self.cfg.mix_weight)
 
         def grape_reward(completions: list[str], query_id: list[str]) -> list[float]:
             return reward(query_id, completions)

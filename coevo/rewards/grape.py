@@ -18,9 +18,12 @@ would ignore the others; the min would give no signal until the worst one moves)
 Malformed rewrites (empty, or missing the rewrite after a reasoning section, or a
 reasoning section over its token cap) get the minimum reward, -1.
 
-What the retriever embeds depends on the query mode (:func:`searched_text`): ``replace``
+What the retriever embeds depends on the query mode (:func:`search_embeddings`): ``replace``
 searches the rewrite alone (the paper's); ``expand`` searches the query followed by the
-rewrite (query2doc-style), so the rewriter can add words but never lose the user's.
+rewrite (query2doc-style), so the rewriter can add words but never lose the user's; ``mix``
+searches the query's unit embedding plus ``mix_weight`` times the rewrite's (a Rocchio-style
+vector mix: the query stays the larger part, so a wrong guess moves the ranking less than
+the concatenated text of ``expand``, where a long rewrite outweighs a short query).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from coevo.models.prompts import completion_text
-from coevo.retrieval.dense import DenseIndex, FrozenRetriever
+from coevo.retrieval.dense import DenseIndex, FrozenRetriever, l2_normalize
 
 MIN_REWARD = -1.0
 MAX_REWARD = 1.0
@@ -41,18 +44,37 @@ REWRITE_MARKER = "Rewrite:"
 REASONING_MARKER = "Reasoning:"
 _LABEL = re.compile(r"^\s*(?:rewritten query|rewrite|query|search query)\s*[:\-]\s*", re.IGNORECASE)
 _MARKER = re.compile(r"rewrite\s*:", re.IGNORECASE)
-QUERY_MODES = ("replace", "expand")
+QUERY_MODES = ("replace", "expand", "mix")
 
 
 def searched_text(query: str, rewrite: str | None, mode: str) -> str:
     """The text the frozen retriever embeds for one query: the rewrite alone (``replace``; a
     malformed rewrite searches the empty string), or the query followed by the rewrite
-    (``expand``; a malformed rewrite leaves the query as typed)."""
+    (``expand``; a malformed rewrite leaves the query as typed). ``mix`` shows the same words
+    as ``expand``, but embeds query and rewrite apart (:func:`search_embeddings`)."""
     if mode == "replace":
         return rewrite or ""
-    if mode == "expand":
+    if mode in ("expand", "mix"):
         return f"{query} {rewrite}" if rewrite else query
     raise ValueError(f"grape.query_mode: unknown mode {mode!r} (expected one of {', '.join(QUERY_MODES)})")
+
+
+def search_embeddings(embed: Callable[[list[str]], np.ndarray], queries: Sequence[str],
+                      rewrites: Sequence[str | None], mode: str, mix_weight: float = 0.0) -> np.ndarray:
+    """What the frozen retriever searches for each (query, rewrite), as embeddings: ``embed`` of
+    :func:`searched_text` in ``replace`` and ``expand`` mode; in ``mix`` mode the query's unit
+    embedding plus ``mix_weight`` times the rewrite's (a malformed rewrite: the query alone)."""
+    if len(queries) != len(rewrites):
+        raise ValueError(f"{len(queries)} queries for {len(rewrites)} rewrites")
+    if mode != "mix":
+        return embed([searched_text(q, r, mode) for q, r in zip(queries, rewrites)])
+    if not mix_weight > 0:
+        raise ValueError(f"grape.mix_weight must be > 0 in mix mode, got {mix_weight!r}")
+    embs = l2_normalize(embed(list(queries)))
+    valid = [i for i, r in enumerate(rewrites) if r]
+    if valid:
+        embs[valid] += mix_weight * l2_normalize(embed([rewrites[i] for i in valid]))
+    return embs
 
 
 def _checked_ranks(reward: str, rank: Any, n: int) -> np.ndarray:
@@ -123,8 +145,10 @@ class _RetrievalReward:
     retriever: FrozenRetriever
     qrels: Mapping[str, Sequence[str]]
     parser: RewriteParser = field(default_factory=RewriteParser)
-    # expand mode: each query's text, searched in front of its rewrite (None: replace mode)
+    # expand or mix mode: each query's text, searched with its rewrite (None: replace mode)
     query_texts: Mapping[str, str] | None = None
+    query_mode: str = "replace"
+    mix_weight: float = 0.0
     last_stats: dict[str, float] = field(default_factory=dict, init=False)
 
     __name__ = "grape_reward"  # TRL names reward columns after the callable
@@ -136,10 +160,16 @@ class _RetrievalReward:
             if not item_ids:
                 raise ValueError(f"qrels: query {query_id!r} has no relevant item")
             self._rows[str(query_id)] = index.rows([str(i) for i in item_ids])
+        if self.query_mode not in QUERY_MODES:
+            raise ValueError(f"grape.query_mode: unknown mode {self.query_mode!r} "
+                             f"(expected one of {', '.join(QUERY_MODES)})")
+        if (self.query_texts is None) != (self.query_mode == "replace"):
+            raise ValueError(f"{self.query_mode} mode: query texts are needed with expand and mix, "
+                             "and only with them")
         if self.query_texts is not None:
             missing = sorted(set(map(str, self.qrels)) - set(map(str, self.query_texts)))
             if missing:
-                raise KeyError(f"expand mode: no query text for query id {missing[0]!r}")
+                raise KeyError(f"{self.query_mode} mode: no query text for query id {missing[0]!r}")
 
     def _index(self) -> DenseIndex:
         if self.retriever.index is None:
@@ -160,11 +190,9 @@ class _RetrievalReward:
             if str(query_ids[i]) not in self._rows:
                 raise KeyError(f"query id {query_ids[i]!r} has no qrels")
         if valid:
-            if self.query_texts is None:
-                texts = [rewrites[i] for i in valid]
-            else:
-                texts = [searched_text(self.query_texts[str(query_ids[i])], rewrites[i], "expand") for i in valid]
-            embs = self.retriever.embed_queries(texts)
+            texts = self.query_texts or {}
+            embs = search_embeddings(self.retriever.embed_queries, [texts.get(str(query_ids[i]), "") for i in valid],
+                                     [rewrites[i] for i in valid], self.query_mode, self.mix_weight)
             # One (query, relevant item) pair per row; several relevant items repeat the query.
             owners = np.concatenate([np.full(len(self._rows[str(query_ids[i])]), j) for j, i in enumerate(valid)])
             rows = np.concatenate([self._rows[str(query_ids[i])] for i in valid])
@@ -208,10 +236,13 @@ class SimilarityReward(_RetrievalReward):
 
 
 def make_reward(kind: str, retriever: FrozenRetriever, qrels: Mapping[str, Sequence[str]],
-                parser: RewriteParser | None = None, query_texts: Mapping[str, str] | None = None) -> _RetrievalReward:
+                parser: RewriteParser | None = None, query_texts: Mapping[str, str] | None = None,
+                query_mode: str | None = None, mix_weight: float = 0.0) -> _RetrievalReward:
     """``rank`` (GRAPE), ``reciprocal_rank`` or ``similarity`` (ablations); with ``query_texts``,
-    rewrites are scored in expand mode (each searched after its query's text)."""
+    rewrites are scored with their query's text, in ``query_mode`` (default ``expand``: each
+    searched after its query's text; ``mix``: see :func:`search_embeddings`)."""
     classes = {"rank": RankReward, "reciprocal_rank": ReciprocalRankReward, "similarity": SimilarityReward}
     if kind not in classes:
         raise ValueError(f"grape.reward: unknown reward {kind!r} (expected one of {', '.join(classes)})")
-    return classes[kind](retriever, qrels, parser or RewriteParser(), query_texts)
+    mode = query_mode or ("replace" if query_texts is None else "expand")
+    return classes[kind](retriever, qrels, parser or RewriteParser(), query_texts, mode, mix_weight)

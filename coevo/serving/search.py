@@ -9,8 +9,9 @@ chosen on val, the index it searches, the items table and the few settings query
 - **GRAPE**: the trained rewriter rewrites the query (greedy); the frozen retriever (a text
   encoder or CLIP, a reference: the weights are not copied) embeds the rewrite and searches the
   corpus index. A malformed rewrite is searched as the empty string, as in the evaluation. A
-  run trained with ``grape.query_mode: expand`` searches the query followed by the rewrite; the
-  record's ``rewrite`` is then that searched text (the query alone when the rewrite was malformed).
+  run trained with ``grape.query_mode: expand`` searches the query followed by the rewrite (the
+  query alone when the rewrite was malformed), ``mix`` the query's embedding plus ``mix_weight``
+  times the rewrite's; the record's ``rewrite`` is what the rewriter wrote.
 - **CoHyDE**: the rewriter writes a tool description (greedy); the co-trained encoder of the
   chosen stage embeds it and searches that encoder's faiss index.
 
@@ -461,12 +462,22 @@ class GrapeRetriever(_DenseRetriever):
         parser = RewriteParser(s["reasoning"], s["max_reasoning_tokens"], count)
         return [parser(out[0]) for out in outputs]  # None for a malformed rewrite, as the record shows it
 
-    def searched(self, queries: Sequence[str], generated: Sequence[str | None]) -> list[str]:
-        # grape.query_mode: the rewrite alone (replace; a malformed one searches the empty string) or the
-        # query followed by it (expand), as Grape's evaluation embeds it.
+    def searched(self, queries: Sequence[str], generated: Sequence[str | None]) -> list[Any]:
+        # grape.query_mode: the rewrite alone (replace; a malformed one searches the empty string), the
+        # query followed by it (expand), or the pair, embedded apart and mixed (mix), as Grape's evaluation.
         from coevo.rewards.grape import searched_text
 
+        if self.query_mode == "mix":
+            return list(zip(queries, generated))
         return [searched_text(q, r, self.query_mode) for q, r in zip(queries, generated)]
+
+    def _embed_generated(self, generated: Sequence[Any]) -> np.ndarray:
+        if self.query_mode != "mix":
+            return super()._embed_generated(generated)
+        from coevo.rewards.grape import search_embeddings
+
+        queries, rewrites = zip(*generated) if generated else ((), ())
+        return search_embeddings(self.embed, queries, rewrites, "mix", self.settings["mix_weight"])
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return self.frozen.embed_queries(list(texts))
@@ -495,7 +506,8 @@ class GrapeRetriever(_DenseRetriever):
             "retriever": {"kind": cfg.retriever, "text_encoder": cfg.text_encoder, "clip_model": cfg.clip_model,
                           "clip_pretrained": cfg.clip_pretrained},
             "reasoning": cfg.reasoning, "max_reasoning_tokens": cfg.max_reasoning_tokens,
-            "query_mode": cfg.query_mode, "max_new_tokens": run.completion_budget(cfg.sampling.max_new_tokens),
+            "query_mode": cfg.query_mode, "mix_weight": cfg.mix_weight,
+            "max_new_tokens": run.completion_budget(cfg.sampling.max_new_tokens),
         }
         manifest = run_manifest("grape", run, phase, cfg.generator, settings)
         return cls(manifest, items_table(run.dataset), generator, frozen.index, frozen=frozen,
