@@ -5,7 +5,8 @@ Each FOLDER is the ``--out`` folder of a finished ``bench/efficacy.py`` run (or 
 other sampling, another training). Nothing is retrained or re-evaluated: each run's record holds
 its final tables with every paired comparison (95% bootstrap CI over that seed's queries).
 
-Per seed and split (test, and vague where measured): the phase val chose, its headline metric,
+Per seed and split (test, and vague where measured): the phase val chose, the metric of the run's
+target line (efficacy.py's headline: CoGR f1, GRAPE recall@10, CoHyDE ndcg@5),
 the paper's baseline on the same queries, the difference from it and the gain over the method's
 start, each with its per-seed 95% CI and n. Across seeds: the mean and standard deviation of each
 difference, a 95% t interval over the seeds (a seed is one draw of split and training, so with
@@ -81,11 +82,18 @@ def check_comparable(records: list[dict[str, Any]]) -> None:
                          + ", ".join(r["file"] for r in records if r["seed"] == repeated[0]))
 
 
-def comparison(table: dict[str, Any], name: str) -> dict[str, Any]:
-    """The table's paired comparison ``name`` on its headline metric."""
-    found = next((c for c in table["comparisons"] if c["name"] == name and c["metric"] == table["headline"]), None)
+def target_metric(record: dict[str, Any]) -> str:
+    """The metric of the run's target line (``<method>_vs_baseline_ci_low``): bench/efficacy.py's per-method
+    headline (GRAPE: recall@10), which need not be the table's first column (GRAPE's: recall@1)."""
+    versus = (record.get("vs_baseline") or {}).get(record["target_split"]) or {}
+    return versus.get("metric") or record["tables"][record["target_split"]]["headline"]
+
+
+def comparison(table: dict[str, Any], name: str, metric: str) -> dict[str, Any]:
+    """The table's paired comparison ``name`` on ``metric``."""
+    found = next((c for c in table["comparisons"] if c["name"] == name and c["metric"] == metric), None)
     if found is None:
-        raise SystemExit(f"seeds: the {table['split']} table has no {name!r} comparison on {table['headline']}")
+        raise SystemExit(f"seeds: the {table['split']} table has no {name!r} comparison on {metric}")
     return found
 
 
@@ -94,11 +102,12 @@ def seed_rows(record: dict[str, Any]) -> list[dict[str, Any]]:
     from coevo.report import VS_START
 
     rows = []
+    metric = target_metric(record)
     for split, table in record["tables"].items():
-        metric, phase = table["headline"], table["best_phase"]
+        phase = table["best_phase"]
         val = next((r[metric] for r in table["rows"]
                     if r["kind"] == "phase" and r["split"] == table["val_split"] and r["phase"] == phase), math.nan)
-        versus, gain = comparison(table, table["paper_baseline"]["name"]), comparison(table, VS_START)
+        versus, gain = comparison(table, table["paper_baseline"]["name"], metric), comparison(table, VS_START, metric)
         row = {"seed": record["seed"], "split": split, "n": versus["n"], "phase": phase, f"val_{metric}": val,
                metric: versus["mean_a"], "baseline": table["paper_baseline"]["row"], f"baseline_{metric}": versus["mean_b"],
                "start_phase": table["start_phase"],
@@ -211,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     records = sorted((read_record(Path(p)) for p in args.runs), key=lambda r: r["seed"])
     check_comparable(records)
     method, target = records[0]["method"], records[0]["target_split"]
-    metric = records[0]["tables"][target]["headline"]
+    metric = target_metric(records[0])
     rows = [row for record in records for row in seed_rows(record)]
     splits = [s for s in dict.fromkeys(r["split"] for r in rows) if all(s in rec["tables"] for rec in records)]
     rows = [r for r in rows if r["split"] in splits]  # a split some seed did not measure is left out

@@ -321,6 +321,17 @@ def check_seeds(run: Path, tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("seeds_bench", BENCH / "seeds.py")
     seeds = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(seeds)
+    # the seeds compare on the metric of the target line, which need not be the table's first column (GRAPE's
+    # line reads recall@10, its table opens on recall@1): a record whose line names another metric is read on it
+    table = record["tables"]["test"]
+    on = {(c["name"], c["metric"]): c for c in table["comparisons"]}
+    paper = table["paper_baseline"]["name"]
+    metric = next(m for n, m in on if n == paper and m != table["headline"] and ("vs start", m) in on)
+    shifted = json.loads(json.dumps(record))
+    shifted["vs_baseline"]["test"]["metric"] = metric
+    row = next(r for r in seeds.seed_rows(shifted) if r["split"] == "test")
+    assert (row["vs_baseline"], row["gain"], row[metric]) == (
+        on[paper, metric]["mean"], on["vs start", metric]["mean"], on[paper, metric]["mean_a"])
     with pytest.raises(SystemExit, match="seed 42 is given twice"):
         seeds.main([str(run), str(run / "efficacy.json")])
     other["overrides"] = [*other["overrides"], "cogr.rounds=2"]
