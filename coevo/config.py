@@ -633,7 +633,12 @@ class CoHyDEParams(Section):
         ge=1, le=5, description="S1b: distinct renderings per tool in the warm-up texts (5 = all)."
     )
     warmup_max_examples: StrictInt | None = Field(
-        ge=1, description="S1b: seeded cap on warm-up texts; null = all (set it for CPU runs)."
+        ge=1, description="S1b: seeded cap on warm-up rows (texts or query pairs); null = all (set it for CPU runs)."
+    )
+    warmup_data: Literal["tools", "query_pairs"] = Field(
+        description="S1b's rows: tools (the paper: next-token training on the rendered tool corpus) or "
+        "query_pairs (supervised: a training query's rewriter prompt -> its most relevant tool rendered as the "
+        "index embeds it, cut to max_new_tokens, so the rewriter writes what the encoder searches)."
     )
     max_train_queries: StrictInt | None = Field(
         ge=2, description="Seeded cap on training queries for S1a to S4; null = all."

@@ -252,6 +252,40 @@ def test_the_encoder_embeds_the_description_or_the_query_followed_by_it():
 
 
 
+def test_s1b_on_query_pairs_trains_each_training_query_towards_its_tool_as_the_index_embeds_it(tmp_path):
+    """``warmup_data: query_pairs``: one supervised row per training query (capped, in order),
+    prompt the rewriter's, target its most relevant tool in ``index_format`` cut to the budget;
+    the tools mode keeps the paper's texts; S1b is re-keyed by the knob and records it."""
+    from coevo.data.render import render_tool
+    from coevo.methods.cohyde import CoHyDE
+    from coevo.models.generator import SFT_TARGET_SLACK
+
+    dataset_dir = _small_stabletoolbench(tmp_path)
+    pairs = ("cohyde.warmup_data=query_pairs", "cohyde.max_new_tokens=12", "cohyde.index_format=title_api_desc")
+    run = CoHyDE(tmp_path / "run", _params("cohyde.generator=tiny", *pairs), dataset_dir)
+    tokenizer = run.rewriter("base").tokenizer
+    rows = run.warmup_pairs(tokenizer)
+    train = run._queries("train")
+    assert len(rows) == len(train) > 2
+    for row, query in zip(rows, train):
+        assert " ".join(query["text"].split()) in row["prompt"][-1]["content"]
+        tool = min(query["relevant"], key=lambda i: (-query["relevant"][i], i))
+        target = row["completion"][0]["content"]
+        assert target and render_tool(run.items[tool], "title_api_desc").startswith(target)
+        assert len(tokenizer(target, add_special_tokens=False)["input_ids"]) <= 12 - SFT_TARGET_SLACK
+    capped = CoHyDE(tmp_path / "capped", _params("cohyde.generator=tiny", *pairs, "cohyde.warmup_max_examples=2"),
+                    dataset_dir).warmup_pairs(tokenizer)
+    assert len(capped) == 2 and all(row in rows for row in capped)
+    assert capped == sorted(capped, key=rows.index)  # the draw keeps the training order
+
+    tools = CoHyDE(tmp_path / "tools", _params("cohyde.generator=tiny"), dataset_dir)
+    assert all(isinstance(t, str) and t for t in tools.warmup_texts())
+    s1b = {p.name: p for p in run.phases()}["s1b"]
+    assert "cohyde.warmup_data" in s1b.params and run.key("s1b") != tools.key("s1b")
+    result = run.s1b()
+    assert result["data"] == "query_pairs" and result["examples"] == len(rows)
+    assert result["sft"]["train/steps"] >= 1
+
 @pytest.mark.slow
 def test_a_round_interrupted_in_s4_resumes_there_and_keeps_s2_and_s3(tmp_path, monkeypatch):
     """One checkpoint mechanism: S2 and S3 are stamped phases, so a failure in S4 leaves them done

@@ -210,7 +210,7 @@ def test_no_val_query_with_a_relevant_item_fails_before_any_work(tmp_path):
 
 
 def test_grape_sft_warm_start_trains_before_grpo_and_val_chooses_the_final_phase(tmp_path):
-    from coevo.methods.grape import SFT_TARGET_SLACK, cut_to_tokens
+    from coevo.models.generator import SFT_TARGET_SLACK, cut_to_tokens
 
     data = _tool_dataset(tmp_path)
     params = _params(**{"grape.sft_warmup": "true", "grape.sft.batch_size": 2})

@@ -5,7 +5,8 @@ inside a round every step is checkpointed, so an interrupted round resumes at it
 
 - ``raw``         the raw encoder on the raw query (val)
 - ``s1a``         fine-tune the encoder on (query, tool) pairs, tools in random formats
-- ``s1b``         warm the rewriter by next-token training on the tool corpus (5 formats);
+- ``s1b``         warm the rewriter by next-token training on the tool corpus (5 formats), or
+                  (``warmup_data: query_pairs``) by SFT on training queries -> their tools;
                   ``s1b_warmup: false`` skips it (the "without S1b" ablation)
 - ``hyde``        vanilla HyDE: the untrained rewriter's description under the S1a encoder (val)
 - ``round_<r>``   S2 one greedy description per training query; S3 train the encoder on
@@ -125,7 +126,7 @@ def parse_round_phase(name: str) -> tuple[int, str]:
 
 ENCODER_KNOBS = ("encoder", "index_format")
 S1A_KNOBS = (*ENCODER_KNOBS, "encoder_training", "max_train_queries")
-REWRITER_KNOBS = ("generator", "lora", "warmup", "warmup_formats_per_item", "warmup_max_examples", "max_train_queries",
+REWRITER_KNOBS = ("generator", "lora", "warmup", "warmup_data", "warmup_formats_per_item", "warmup_max_examples", "max_train_queries",
                   "s1b_warmup")
 # (encoder stage, rewriter stage) a round is evaluated with, by cohyde.eval_pairing ("round" = the
 # round's own; HYDE's rewriter is the untrained one of vanilla HyDE).
@@ -363,21 +364,46 @@ class CoHyDE(Method):
             write_json(self._stage_dir("s1b") / "s1b.json", result)
             return result
         self._loaded_generator = None  # trained in place below: no longer the base rewriter
+        rows = (self.warmup_pairs(generator.tokenizer) if self.cfg.warmup_data == "query_pairs"
+                else [{"text": t} for t in self.warmup_texts()])
+        with tempfile.TemporaryDirectory(prefix="coevo-sft-") as scratch:
+            stats = train_sft(generator, rows, self.cfg.warmup, scratch, self.seed,
+                              max_length=WARMUP_MAX_TOKENS, what="S1b warm-up", knob="cohyde.warmup")
+        generator.save(self._generator_dir("s1b"))
+        self._loaded_generator = ("s1b", generator)
+        result = {"stage": "s1b", "data": self.cfg.warmup_data, "examples": len(rows), "sft": jsonable(stats)}
+        write_json(self._stage_dir("s1b") / "s1b.json", result)
+        return result
+
+    def _capped(self, rows: list[Any], rng: random.Random) -> list[Any]:
+        """``rows`` cut to ``warmup_max_examples`` by a seeded draw that keeps their order."""
+        cap = self.cfg.warmup_max_examples
+        if cap is not None and len(rows) > cap:
+            rows = [rows[i] for i in sorted(rng.sample(range(len(rows)), cap))]
+        return rows
+
+    def warmup_texts(self) -> list[str]:
+        """S1b's rows in the paper: every tool in ``warmup_formats_per_item`` renderings (capped)."""
         rng = random.Random(self.seed * 1000 + 2)
         per_item = self.cfg.warmup_formats_per_item
         texts = [self._render(item_id, fmt) for item_id in self.items
                  for fmt in (FORMATS if per_item == len(FORMATS) else rng.sample(FORMATS, per_item))]
-        cap = self.cfg.warmup_max_examples
-        if cap is not None and len(texts) > cap:
-            texts = [texts[i] for i in sorted(rng.sample(range(len(texts)), cap))]
-        with tempfile.TemporaryDirectory(prefix="coevo-sft-") as scratch:
-            stats = train_sft(generator, [{"text": t} for t in texts], self.cfg.warmup, scratch, self.seed,
-                              max_length=WARMUP_MAX_TOKENS, what="S1b warm-up", knob="cohyde.warmup")
-        generator.save(self._generator_dir("s1b"))
-        self._loaded_generator = ("s1b", generator)
-        result = {"stage": "s1b", "examples": len(texts), "sft": jsonable(stats)}
-        write_json(self._stage_dir("s1b") / "s1b.json", result)
-        return result
+        return self._capped(texts, rng)
+
+    def warmup_pairs(self, tokenizer: Any) -> list[dict[str, Any]]:
+        """S1b's rows with ``warmup_data: query_pairs``: every training query's rewriter prompt ->
+        its most relevant tool as the index embeds it (``index_format``), cut to the description
+        budget at a word boundary (capped). Not capped by ``max_train_queries``: S1b is cheap per row."""
+        from coevo.models.generator import SFT_TARGET_SLACK, cut_to_tokens
+
+        budget = max(1, self.cfg.max_new_tokens - SFT_TARGET_SLACK)
+        rows = []
+        for q in self._queries("train"):
+            tool = min(q["relevant"], key=lambda i: (-q["relevant"][i], i))  # highest grade, then id
+            target = cut_to_tokens(self._render(tool, self.cfg.index_format), tokenizer, budget)
+            rows.append({"prompt": rewriter_messages(q["text"]),
+                         "completion": [{"role": "assistant", "content": target}]})
+        return self._capped(rows, random.Random(self.seed * 1000 + 3))
 
     def describe(self, generator, queries: Sequence[Mapping[str, Any]], *, what: str) -> list[str]:
         """One greedy description per query (S2 and evaluation)."""

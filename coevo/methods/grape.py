@@ -112,7 +112,6 @@ def make_retriever(params: GrapeParams, device: str | None = None, seed: int = 0
 RETRIEVER_KNOBS = ("retriever", "text_encoder", "clip_model", "clip_pretrained")
 REWRITER_KNOBS = ("generator", "lora", "sampling", "reasoning", "max_reasoning_tokens", "query_mode", "mix_weight")
 SFT_KNOBS = ("sft_warmup", "sft", "sft_max_examples")
-SFT_TARGET_SLACK = 4  # tokens left free under the completion budget: the end-of-turn fits
 
 
 class Grape(Method):
@@ -469,6 +468,8 @@ class Grape(Method):
         retriever indexes it, cut at a word boundary to fit the completion budget (seeded cap)."""
         import random
 
+        from coevo.models.generator import SFT_TARGET_SLACK, cut_to_tokens
+
         queries = self.queries("train")
         if self.cfg.sft_max_examples is not None and len(queries) > self.cfg.sft_max_examples:
             queries = random.Random(self.seed).sample(queries, self.cfg.sft_max_examples)
@@ -565,15 +566,6 @@ class Grape(Method):
                          "mean_relevant_similarity": m["mean_relevant_similarity"],
                          "mean_rank_reward": m["mean_rank_reward"], "malformed_fraction": m["malformed_fraction"]})
         return sorted(rows, key=lambda r: (r["step"], r["stage"] != TRAINED))
-
-
-def cut_to_tokens(text: str, tokenizer: Any, budget: int) -> str:
-    """``text`` cut to at most ``budget`` tokens of ``tokenizer``, at a word boundary."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    if len(ids) <= budget:
-        return text
-    cut = tokenizer.decode(ids[:budget], skip_special_tokens=True)
-    return cut.rsplit(" ", 1)[0].strip() if " " in cut.strip() else cut.strip()
 
 
 def monitor_shows_inflation(history: Sequence[Mapping[str, Any]], tolerance: float = 0.0) -> bool:

@@ -21,6 +21,16 @@ from coevo.runtime import limit_cpu_threads
 
 Prompt = str | list[dict[str, str]]
 META_FILE = "generator.json"
+SFT_TARGET_SLACK = 4  # tokens an SFT target leaves free under a completion budget: the end-of-turn fits
+
+
+def cut_to_tokens(text: str, tokenizer: Any, budget: int) -> str:
+    """``text`` cut to at most ``budget`` tokens of ``tokenizer``, at a word boundary."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if len(ids) <= budget:
+        return text
+    cut = tokenizer.decode(ids[:budget], skip_special_tokens=True)
+    return cut.rsplit(" ", 1)[0].strip() if " " in cut.strip() else cut.strip()
 
 
 @contextlib.contextmanager
