@@ -251,7 +251,6 @@ def test_the_encoder_embeds_the_description_or_the_query_followed_by_it():
         searched_text("q", "d", "both")
 
 
-
 def test_s1b_on_query_pairs_trains_each_training_query_towards_its_tool_as_the_index_embeds_it(tmp_path):
     """``warmup_data: query_pairs``: one supervised row per training query (capped, in order),
     prompt the rewriter's, target its most relevant tool in ``index_format`` cut to the budget;
@@ -285,6 +284,7 @@ def test_s1b_on_query_pairs_trains_each_training_query_towards_its_tool_as_the_i
     result = run.s1b()
     assert result["data"] == "query_pairs" and result["examples"] == len(rows)
     assert result["sft"]["train/steps"] >= 1
+
 
 @pytest.mark.slow
 def test_a_round_interrupted_in_s4_resumes_there_and_keeps_s2_and_s3(tmp_path, monkeypatch):

@@ -126,8 +126,8 @@ def parse_round_phase(name: str) -> tuple[int, str]:
 
 ENCODER_KNOBS = ("encoder", "index_format")
 S1A_KNOBS = (*ENCODER_KNOBS, "encoder_training", "max_train_queries")
-REWRITER_KNOBS = ("generator", "lora", "warmup", "warmup_data", "warmup_formats_per_item", "warmup_max_examples", "max_train_queries",
-                  "s1b_warmup")
+REWRITER_KNOBS = ("generator", "lora", "warmup", "warmup_data", "warmup_formats_per_item", "warmup_max_examples",
+                  "max_train_queries", "s1b_warmup")
 # (encoder stage, rewriter stage) a round is evaluated with, by cohyde.eval_pairing ("round" = the
 # round's own; HYDE's rewriter is the untrained one of vanilla HyDE).
 PAIRINGS = {"co_trained": ("round", "round"), "trained_rewriter_s1a_encoder": (S1A, "round"),
@@ -393,7 +393,7 @@ class CoHyDE(Method):
     def warmup_pairs(self, tokenizer: Any) -> list[dict[str, Any]]:
         """S1b's rows with ``warmup_data: query_pairs``: every training query's rewriter prompt ->
         its most relevant tool as the index embeds it (``index_format``), cut to the description
-        budget at a word boundary (capped). Not capped by ``max_train_queries``: S1b is cheap per row."""
+        budget at a word boundary. Its cap is ``warmup_max_examples``, not ``max_train_queries``."""
         from coevo.models.generator import SFT_TARGET_SLACK, cut_to_tokens
 
         budget = max(1, self.cfg.max_new_tokens - SFT_TARGET_SLACK)
