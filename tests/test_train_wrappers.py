@@ -130,6 +130,9 @@ def test_trl_gradient_accumulation_reaches_the_sft_and_grpo_trainers(tmp_path):
         result = train_grpo(gen, rows, lambda completions: [float(len(c)) for c in completions], params,
                             tmp_path / f"grpo{accumulation}", seed=0)
         grpo_steps[accumulation] = result["steps"]
+        # Throughput counts every completion of an optimizer step: batch_size x accumulation of them.
+        sampled = result["completion_length"] * 4 * accumulation
+        assert result["tokens_per_s"] == pytest.approx(sampled / result["step_seconds"])
     assert grpo_steps == {1: 2, 2: 1}  # 4 prompts x 2 completions, 4 per micro-batch
 
 

@@ -198,8 +198,11 @@ def train_grpo(
         "steps": steps,
         "seconds": seconds,
         "step_seconds": step_seconds,
-        # Completion tokens sampled per second of training step (generation + loss + update).
-        "tokens_per_s": (completion_length * params.batch_size / step_seconds) if completion_length and step_seconds else None,
+        # Completion tokens sampled per second of optimizer step (generation + loss + update); a
+        # step is gradient_accumulation_steps micro-batches of batch_size completions (TRL's
+        # step_time sums them).
+        "tokens_per_s": (completion_length * params.batch_size * trainer.args.gradient_accumulation_steps / step_seconds)
+        if completion_length and step_seconds else None,
         "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
         "curve": learning_curve(history),
     }
