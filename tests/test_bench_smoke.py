@@ -33,6 +33,7 @@ SMOKED = {
     "rewards.py": "test_rewards",
     "rank_reward.py": "test_rank_reward",
     "cohyde_round.py": "test_cohyde_round",
+    "cohyde_vague_val.py": "test_cohyde_vague_val",
     "train_step.py": "test_train_step",
     "sft_step.py": "test_sft_step",
     "sft_learning.py": "test_sft_learning",
@@ -120,6 +121,51 @@ def test_cohyde_round(tmp_path):
         assert stage in stages, (stage, stages)
     assert re.search(r"^\s+200\s+20\s+384\s+5\s.*x\s+1\.000$", "\n".join(lines), re.M)  # faiss == numpy top-1
     last_line(lines, rf"faiss_vs_numpy={FLOAT}")
+
+
+@pytest.mark.slow
+def test_cohyde_vague_val(tmp_path, monkeypatch):
+    """A tiny CoHyDE round in a project folder: rows for val and its vague copies, the standard s1a and round
+    rows equal to the run's own val evaluations (the script searches as the method does), the oracle row and
+    the named-tool share present for both kinds of query."""
+    from coevo.layout import Layout, write_run_params
+    from coevo.methods.cohyde import S1A, CoHyDE
+    from tests.test_cohyde_train import TINY_ROUND, _params, _small_stabletoolbench
+
+    dataset = _small_stabletoolbench(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)  # data.root is relative to the project folder
+    params = _params(*TINY_ROUND, "data.dataset=tiny")
+    layout = Layout.of(params, "cohyde")
+    shutil.copytree(dataset, layout.processed)
+    run = CoHyDE(layout.run_dir, params, layout.processed)
+    run.run()
+    write_run_params(layout.run_dir, params)
+
+    def files_of(folder: Path) -> dict[str, int]:
+        return {str(p.relative_to(folder)): p.stat().st_mtime_ns for p in folder.rglob("*")}
+
+    before = files_of(project)
+    lines = run_bench(script("cohyde_vague_val.py", str(project), "--round", "round_1", "--samples", "2",
+                             "--weights", "0.5", "--json", str(tmp_path / "rows.json")), timeout=600)
+    match = last_line(lines, rf"cohyde_vague_named=({FLOAT}) round_minus_s1a=({FLOAT}) oracle_minus_s1a=({FLOAT})")
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    table = {(r["queries"], r["row"]): r for r in rows}
+    names = ("s1a", "round, query alone", "round", "mix w=0.5", "hyde mean", "oracle", "greedy names a right tool")
+    assert set(table) == {(kind, name) for kind in ("standard", "vague") for name in names}
+    val = run.evaluate  # stored val evaluations of the run
+    assert table["standard", "s1a"]["ndcg@5"] == pytest.approx(val(S1A)["splits"]["val"]["overall"]["ndcg@5"], abs=1e-9)
+    assert table["standard", "round"]["ndcg@5"] == pytest.approx(val("round_1")["splits"]["val"]["overall"]["ndcg@5"],
+                                                                  abs=1e-9)
+    assert table["standard", "s1a"]["n"] == 6 and 1 <= table["vague", "s1a"]["n"] <= 6
+    vague = table["vague", "round"]
+    assert vague["ci_low"] <= vague["minus_s1a"] <= vague["ci_high"]
+    assert float(match.group(2)) == pytest.approx(vague["minus_s1a"], abs=1e-4)
+    assert float(match.group(1)) == pytest.approx(table["vague", "greedy names a right tool"]["share"], abs=1e-3)
+    for kind in ("standard", "vague"):
+        assert 0.0 <= table[kind, "oracle"]["ndcg@5"] <= 1.0
+    assert files_of(project) == before  # nothing in the project was written, the run's scratch included
 
 
 @pytest.mark.slow
