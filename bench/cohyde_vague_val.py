@@ -78,7 +78,8 @@ def find_run(folder: Path) -> tuple[Path, Any]:
     if len(found) != 1:
         what = "no CoHyDE run" if not found else f"{len(found)} CoHyDE runs ({', '.join(str(p.parent) for p in found)})"
         raise SystemExit(f"cohyde_vague_val: {folder}: {what} (expected one <data root>/models/cohyde/<data set>/{RUN_PARAMS})")
-    return folder, load_params([found[0]])
+    # params.yaml first: a knob added after the run was trained takes its default, which keeps the old behaviour
+    return folder, load_params([ROOT / "params.yaml", found[0]])
 
 
 def chosen_round(folder: Path) -> str | None:
