@@ -91,17 +91,13 @@ def chosen_round(folder: Path) -> str | None:
     return next((t["best_phase"] for t in tables.values() if t.get("best_phase")), None)
 
 
-def vague_copies(queries: list[dict[str, Any]], items) -> list[dict[str, Any]]:
-    """The vague copy of each query that keeps a content word (data.vague's rule, as on test)."""
-    from coevo.data.vague import VAGUE_SUFFIX, item_vocabulary, vague_text
+def vague_copies(queries: list[dict[str, Any]], dataset) -> list[dict[str, Any]]:
+    """The vague copy of each query that keeps a content word: data.vague's own rule, as on test."""
+    from coevo.data.vague import VAGUE_SUFFIX, _vague_texts
 
-    copies = []
-    for q in queries:
-        vocabulary = item_vocabulary(f"{items[i].get('title', '')} {items[i].get('text', '')}" for i in q["relevant"])
-        text = vague_text(q["text"], vocabulary)
-        if text is not None:
-            copies.append({**q, "query_id": q["query_id"] + VAGUE_SUFFIX, "text": text})
-    return copies
+    texts = _vague_texts(dataset, [q["query_id"] for q in queries])
+    return [{**q, "query_id": q["query_id"] + VAGUE_SUFFIX, "text": texts[q["query_id"]]}
+            for q in queries if texts[q["query_id"]] is not None]
 
 
 def names_a_right_tool(description: str, relevant, items) -> bool:
@@ -142,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     items = run.items
     val = run._queries("val")  # the method's own val queries, in its order
     standard = [q for q in val if not q["query_id"].endswith(VAGUE_SUFFIX)]
-    vague = [q for q in val if q["query_id"].endswith(VAGUE_SUFFIX)] or vague_copies(standard, items)
+    vague = [q for q in val if q["query_id"].endswith(VAGUE_SUFFIX)] or vague_copies(standard, run.dataset)
     if not vague:
         raise SystemExit(f"cohyde_vague_val: {layout.processed}: no val query keeps a content word once its tools' words go")
     queries = standard + vague
