@@ -112,17 +112,17 @@ def names_a_right_tool(description: str, relevant, items) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    json_path = args.json.resolve() if args.json else None  # relative to where the user stands
     root, params = find_run(args.folder.resolve())
     os.chdir(root)  # the run's params name paths relative to its project folder
     from coevo.compute import generate_texts
     from coevo.data.render import render_tool
     from coevo.data.vague import VAGUE_SUFFIX
     from coevo.layout import Layout
+    from coevo.methods.base import PhaseNotReady
     from coevo.methods.cohyde import S1A, CoHyDE, rewriter_messages, searched_text
     from coevo.rewards.cohyde import encode_texts, ndcg_scores
     from coevo.stats import paired_difference
-
-    from coevo.methods.base import PhaseNotReady
 
     layout = Layout.of(params, "cohyde")
     run = CoHyDE(layout.run_dir, params, layout.processed)
@@ -211,11 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         ix = kinds[kind][:2]
         for i in ix:
             print(f"{kind} example: {texts[i][:100]!r} -> {greedy[i][:100]!r}")
-    if args.json:
-        args.json.write_text(json.dumps({"folder": str(root), "round": stage, "rows": rows}, indent=1))
-    vague = {r["row"]: r for r in rows if r["queries"] == "vague"}
-    print(f"cohyde_vague_named={vague['greedy names a right tool']['share']:.3f} "
-          f"round_minus_s1a={vague['round']['minus_s1a']:.4f} oracle_minus_s1a={vague['oracle']['minus_s1a']:.4f}")
+    if json_path:
+        json_path.write_text(json.dumps({"folder": str(root), "round": stage, "rows": rows}, indent=1))
+    on_vague = {r["row"]: r for r in rows if r["queries"] == "vague"}
+    print(f"cohyde_vague_named={on_vague['greedy names a right tool']['share']:.3f} "
+          f"round_minus_s1a={on_vague['round']['minus_s1a']:.4f} oracle_minus_s1a={on_vague['oracle']['minus_s1a']:.4f}")
     return 0
 
 
