@@ -39,6 +39,7 @@ import argparse
 import json
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+# The terminal shows the script's progress and table, not transformers' deprecation notes to its callers.
+warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 
 KINDS = ("standard", "vague")
 
@@ -115,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     json_path = args.json.resolve() if args.json else None  # relative to where the user stands
     root, params = find_run(args.folder.resolve())
     os.chdir(root)  # the run's params name paths relative to its project folder
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars; the generation bars below stay
     from coevo.compute import generate_texts
     from coevo.data.render import render_tool
     from coevo.data.vague import VAGUE_SUFFIX
