@@ -244,9 +244,10 @@ def test_resume_on_another_isa_is_refused_with_the_same_precision(tmp_path, para
     first = _toy(tmp_path, params_file, "fp32")
     first.run_phase("00_sft")
     stamp = json.loads(_stamp(first, "00_sft").read_text())
-    stamp["numerics"].update(cpu_isa="AVX2", onednn_max_cpu_isa="AVX2")
+    other = "AVX512" if runtime.numerics("fp32")["cpu_isa"] == "AVX2" else "AVX2"  # not this machine's ISA
+    stamp["numerics"].update(cpu_isa=other, onednn_max_cpu_isa="AVX2")
     _stamp(first, "00_sft").write_text(json.dumps(stamp))
-    with pytest.raises(NumericsMismatch, match=r"trained with fp32 on AVX2, ONEDNN_MAX_CPU_ISA=AVX2 \(torch .*\); "
+    with pytest.raises(NumericsMismatch, match=rf"trained with fp32 on {other}, ONEDNN_MAX_CPU_ISA=AVX2 \(torch .*\); "
                        r"this machine resolves fp32 on .*: use a fresh run folder or run on a machine with the same CPU "
                        r"ISA and ONEDNN_MAX_CPU_ISA setting"):
         _toy(tmp_path, params_file, "fp32").run_phase("01_query")
@@ -314,7 +315,7 @@ def test_old_stamps_without_numerics_are_accepted(tmp_path, params_file):
 def test_tracker_tags_the_run_with_its_numerics(tmp_path, monkeypatch, params_file):
     from mlflow.tracking import MlflowClient
 
-    from tasks.tracking import Tracker, numerics_tags
+    from coevo.orchestration.tracking import Tracker, numerics_tags
 
     assert numerics_tags({"precision": "bf16", "cpu_isa": "AVX512"}) == {"numerics.precision": "bf16",
                                                                         "numerics.cpu_isa": "AVX512"}
