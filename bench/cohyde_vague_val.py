@@ -37,7 +37,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
 import json
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -46,7 +45,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 # The terminal shows the script's progress and table, not transformers' deprecation notes to its callers.
 warnings.filterwarnings("ignore", category=FutureWarning, module="transformers")
 

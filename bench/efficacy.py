@@ -1,6 +1,6 @@
 """Efficacy: does a method beat its own start on real data, with 95% confidence, within a CPU budget?
 
-One seeded run of the method's real pipeline (``coevo.pipeline.Pipeline``: prepare, validate,
+One seeded run of the method's real pipeline (``coevo.orchestration.pipeline.Pipeline``: prepare, validate,
 the method's phases, baselines, final evaluation, reports) in a project folder of its own:
 
 1. the data: a seeded subset of a full data set (``--queries``; MetaTool has 20k queries, the
@@ -55,15 +55,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("COEVO_THREADS", str(os.cpu_count() or 1))
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # tasks/ (the MLflow tracker) when run as a script
 
 from coevo.cli.terminal import LibraryOutputToLog  # noqa: E402 - after the environment above
 
 if TYPE_CHECKING:  # types only: the bench imports its heavy modules when it runs
     from coevo.config import Params
     from coevo.methods.base import Method
-    from coevo.pipeline import Pipeline
-    from tasks.tracking import Tracker
+    from coevo.orchestration.pipeline import Pipeline
+    from coevo.orchestration.tracking import Tracker
 
 # Per method: the loader of --data, the headline metric of the gain line, the default query subset,
 # the split fractions (test sized for the CI; val for early stopping and k*), the vague-query
@@ -318,9 +317,9 @@ def run(args: argparse.Namespace) -> int:
 def _run(args, params, overlays, overrides, out, term, started, spec) -> int:
     from coevo import progress, report
     from coevo.config import flatten
-    from coevo.pipeline import Pipeline
-    from flows.common import LiveSeries, LiveSteps
-    from tasks.tracking import Tracker
+    from coevo.orchestration.pipeline import Pipeline
+    from coevo.orchestration.flow import LiveSeries, LiveSteps
+    from coevo.orchestration.tracking import Tracker
 
     os.chdir(out)  # the run's project folder: data/, .coevo/, mlflow.db
     headline = spec["headline"]
@@ -430,7 +429,7 @@ def comparison(table: dict[str, Any], name: str, metric: str) -> dict[str, Any]:
 def vague_table(method: str, params: Params) -> dict[str, Any]:
     """The final table on the vague split: the same trained phases and baselines, read on the vague
     copies of the test queries (steps of their own: the test split's stamps are kept)."""
-    from coevo.pipeline import Pipeline
+    from coevo.orchestration.pipeline import Pipeline
 
     on_vague = params.model_copy(update={"evaluation": params.evaluation.model_copy(update={"split": "vague"})})
     pipe = Pipeline(method, on_vague)

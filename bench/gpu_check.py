@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # Per method: the prepared sample it trains on (a folder under --work) and its --set overrides on
 # params.yaml, at GPU scale and (dry) at the CPU rehearsal's toy scale. "{model}" is the random model.

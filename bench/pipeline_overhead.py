@@ -30,7 +30,8 @@ BIN = Path(sys.executable).parent
 
 IN_PROCESS = """
 import time
-from flows.cogr import cogr_flow
+from coevo.orchestration.flow import method_flow
+cogr_flow = method_flow("cogr")  # what flows/cogr.py (prefect.yaml's entrypoint) holds
 cogr_flow(params_path="params.yaml")  # starts the local server; all tasks cached
 started = time.perf_counter()
 summary = cogr_flow(params_path="params.yaml")

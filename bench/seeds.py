@@ -31,8 +31,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 RECORD = "efficacy.json"  # what bench/efficacy.py writes in its --out folder
 DIFFERENCES = ("vs_baseline", "gain")  # per seed: the paper's comparison, then the gain over the start

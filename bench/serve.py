@@ -38,7 +38,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 SETTINGS = {
     # max_empty_share: an untrained model may write no keywords for most items; latency is what

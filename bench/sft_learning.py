@@ -49,10 +49,9 @@ from typing import Any
 # One torch thread, as the efficacy runs train (efficacy.py, imported below, would default to every core).
 os.environ.setdefault("COEVO_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from _workers import params_argv, params_files, parse_variants, run_json_worker  # noqa: E402 - bench/ on the path first
+# a sibling module: a script's own folder (bench/) is first on its path
+from _workers import params_argv, params_files, parse_variants, run_json_worker  # noqa: E402
 
 COLUMNS = ("variant", "cap", "queries_seen", "item_examples", "sft_min", "val_f1", "val_recall@100", "val_ndcg@10",
            "train_f1", "query_keywords_mean", "query_empty", "peak_mb", "val_f1_minus_reference")
@@ -99,7 +98,7 @@ def sft_point(project: Path, files: list[Path], source: Path, seed: int, overrid
     import torch
 
     from coevo.config import load_params
-    from coevo.pipeline import Pipeline
+    from coevo.orchestration.pipeline import Pipeline
     from efficacy import METHODS
 
     torch.set_num_threads(1)

@@ -51,7 +51,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 from _workers import params_argv, params_files  # noqa: E402  (bench/ is on the path when a script runs)
 
 if TYPE_CHECKING:
@@ -107,7 +106,7 @@ def sft_examples(project: Path, files: list[Path], model: str, overrides: list[s
     """(the CoGR run, its SFT examples of one side) from the real seed phase on the committed sample."""
     from coevo.config import load_params
     from coevo.models.prompts import keyword_completion
-    from coevo.pipeline import Pipeline
+    from coevo.orchestration.pipeline import Pipeline
 
     shutil.copytree(ROOT / "data" / "sample" / "metatool", project / "source")
     os.chdir(project)

@@ -28,9 +28,54 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(REPO / "tests"))
+TOY_TOOLS = 6  # the toy project of the flow tests (tests/conftest.py): 6 tools, 8 queries each
+QUERIES_PER_TOOL = 8
 
-from conftest import make_project  # noqa: E402  (the toy project of the flow tests)
+
+def make_toy_metatool(dest: Path) -> Path:
+    """A MetaTool-format subset of the committed sample: 6 tools, 8 queries each."""
+    import csv
+    import json
+
+    src = REPO / "data" / "sample" / "metatool"
+    descriptions = json.loads((src / "plugin_des.json").read_text())
+    with (src / "all_clean_data.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    tools = list(dict.fromkeys(r["Tool"] for r in rows))[:TOY_TOOLS]
+    keep = [r for t in tools for r in [r for r in rows if r["Tool"] == t][:QUERIES_PER_TOOL]]
+    dest.mkdir(parents=True, exist_ok=True)
+    with (dest / "all_clean_data.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["Query", "Tool"])
+        writer.writeheader()
+        writer.writerows(keep)
+    (dest / "plugin_des.json").write_text(json.dumps({t: descriptions[t] for t in tools}))
+    return dest
+
+
+def toy_params(dest: Path) -> Path:
+    """params.yaml with the toy data and a tiny model, one round, a handful of prompts."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    params["data"].update(dataset="toy", loader="metatool", source="toy")
+    cogr = params["cogr"]
+    cogr.update(generator="tiny", seed_generator=None, rounds=1, max_empty_share=1.0)  # tiny writes few keywords
+    cogr["sft"].update(epochs=1, batch_size=8)
+    cogr["grpo"].update(num_generations=2, batch_size=4, max_prompts_per_phase=4, max_completion_length=12)
+    cogr["sampling"].update(max_new_tokens=12)
+    cogr["early_stopping"].update(patience=5)
+    dest.write_text(yaml.safe_dump(params, sort_keys=False))
+    return dest
+
+
+def make_project(root: Path) -> Path:
+    """The toy project with its code (DVC hashes the copied library): data, params.yaml, coevo/, tasks/, flows/."""
+    root.mkdir(parents=True, exist_ok=True)
+    make_toy_metatool(root / "toy")
+    toy_params(root / "params.yaml")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("coevo", "tasks", "flows"):
+        shutil.copytree(REPO / name, root / name, ignore=ignore)
+    shutil.copy(REPO / ".dvcignore", root / ".dvcignore")
+    return root
 
 
 def set_param(key: str, value) -> callable:
@@ -92,7 +137,7 @@ def main() -> None:
     if not changes:
         parser.error(f"--change {args.change}: no change matches; changes: {'; '.join(CHANGES)}")
     work = Path(tempfile.mkdtemp(prefix="coevo-staleness-"))
-    base = make_project(work / "base", with_code=True)
+    base = make_project(work / "base")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "PYTHONPATH": str(base),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1", "COLUMNS": "200",
            "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@example.com", "GIT_COMMITTER_NAME": "b",

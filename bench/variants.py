@@ -30,8 +30,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SPLITS = ("test", "vague")
 
@@ -62,7 +60,7 @@ def named_folders(specs: list[str]) -> dict[str, Path]:
 
 def read_run(name: str, folder: Path) -> dict[str, Any]:
     """What one finished efficacy run stamped: its method, final tables and per-query values."""
-    from coevo.pipeline import STEPS_DIR
+    from coevo.orchestration.pipeline import STEPS_DIR
     from coevo.steps import read_stamp
 
     steps = folder / STEPS_DIR

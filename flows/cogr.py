@@ -5,12 +5,7 @@ deployments in prefect.yaml all start it."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, as for prefect.yaml entrypoints
-
-from flows.common import main, method_flow  # noqa: E402
+from coevo.orchestration.flow import main, method_flow
 
 cogr_flow = method_flow("cogr")
 

@@ -4,12 +4,7 @@ rewriter warm-up, vanilla HyDE, then rounds of S2, S3, S4, DPO and val with earl
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project root, as for prefect.yaml entrypoints
-
-from flows.common import main, method_flow  # noqa: E402
+from coevo.orchestration.flow import main, method_flow
 
 cohyde_flow = method_flow("cohyde")
 

@@ -129,8 +129,8 @@ def test_baselines_run_on_ray_with_the_default_runners_results_and_cache(prefect
     from prefect import flow
     from prefect.context import FlowRunContext
 
-    from coevo.pipeline import Pipeline
-    from tasks.steps import execute, fan_out
+    from coevo.orchestration.pipeline import Pipeline
+    from coevo.orchestration.prefect_tasks import execute, fan_out
 
     chdir(make_project(tmp_path / "project"))
 

@@ -11,8 +11,8 @@ import yaml
 
 from conftest import REPO_ROOT
 from coevo.config import load_params, load_tree
-from coevo.dvc_record import record_run, why_not_recordable, write_record
-from coevo.dvc_stages import read_records, record_file, render, targets
+from coevo.orchestration.dvc_record import record_run, why_not_recordable, write_record
+from coevo.orchestration.dvc_stages import read_records, record_file, render, targets
 
 
 def _params(*overrides: str):
@@ -68,7 +68,7 @@ def test_a_run_outside_a_dvc_project_or_with_the_record_off_says_why(tmp_path):
 
 
 def test_regenerating_without_records_says_what_writes_them(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "coevo.dvc_stages"], cwd=tmp_path, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "coevo.orchestration.dvc_stages"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 1 and "`coevo run <method>`" in done.stdout
     assert not (tmp_path / "dvc.yaml").exists()
 

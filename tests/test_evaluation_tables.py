@@ -30,7 +30,7 @@ def mean(d: dict[str, float]) -> float:
 
 
 def baseline(name: str, f1_test: dict[str, float], val_f1: float, k: int = 3) -> dict:
-    """What the pipeline's baseline step returns (coevo.pipeline.baseline_result)."""
+    """What the pipeline's baseline step returns (coevo.orchestration.pipeline.baseline_result)."""
     ndcg = {q: min(1.0, v + 0.1) for q, v in f1_test.items()}
     test_metrics = {f"f1@{k}": mean(f1_test), "f1@1": 0.0, "ndcg@5": mean(ndcg), "ndcg@10": mean(ndcg),
                     "recall@10": 0.9, "precision@1": 0.5}
@@ -194,7 +194,7 @@ class _Stub:
 
 def test_reports_step_writes_the_table_into_metrics_json(case, tmp_path, monkeypatch):
     from coevo.config import PROJECT_PARAMS, load_params
-    from coevo.pipeline import Pipeline, Step
+    from coevo.orchestration.pipeline import Pipeline, Step
 
     monkeypatch.chdir(tmp_path)
     table, v = case
@@ -227,7 +227,7 @@ def test_reports_step_writes_the_table_into_metrics_json(case, tmp_path, monkeyp
 
 def test_baseline_and_final_keys_follow_their_inputs_only(tmp_path, monkeypatch):
     from coevo.config import PROJECT_PARAMS, load_params
-    from coevo.pipeline import Pipeline
+    from coevo.orchestration.pipeline import Pipeline
 
     monkeypatch.chdir(tmp_path)
 

@@ -96,9 +96,9 @@ def test_grape_clip_knobs_enter_the_index():
 
 
 def test_data_knobs_are_part_of_the_prepare_key():
-    """The prepare step's key covers the whole data section (coevo.pipeline), so the new data
+    """The prepare step's key covers the whole data section (coevo.orchestration.pipeline), so the new data
     knobs re-prepare the data set, and through its fingerprint every phase."""
-    from coevo import pipeline
+    from coevo.orchestration import pipeline
 
     assert '("seed", "data")' in inspect.getsource(pipeline)
     params = _params()

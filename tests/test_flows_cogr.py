@@ -52,7 +52,7 @@ def project(finished, tmp_path, chdir) -> Path:
 
 def summary_curve(root: Path) -> list[dict]:
     from coevo.config import load_params
-    from coevo.pipeline import Pipeline
+    from coevo.orchestration.pipeline import Pipeline
 
     return Pipeline("cogr", load_params(root / "params.yaml")).method.training_curve()
 
@@ -150,10 +150,10 @@ def test_the_run_is_open_with_its_input_when_training_starts(project: Path, monk
     """What the UI shows while SFT runs: a RUNNING run with its params and the prepared data set."""
     from mlflow.tracking import MlflowClient
 
-    import flows.common
+    import coevo.orchestration.flow
 
     seen = {}
-    real_train = flows.common._train
+    real_train = coevo.orchestration.flow._train
 
     def train_watched(pipe, stage, train, live=None):
         run = MlflowClient(live.tracker.uri).get_run(live.tracker.run_id)
@@ -161,7 +161,7 @@ def test_the_run_is_open_with_its_input_when_training_starts(project: Path, monk
                     generator=run.data.params.get("cogr.generator"))
         return real_train(pipe, stage, train, live)
 
-    monkeypatch.setattr(flows.common, "_train", train_watched)
+    monkeypatch.setattr(coevo.orchestration.flow, "_train", train_watched)
     run()
     assert seen == {"status": "RUNNING", "inputs": ["toy"], "generator": "tiny"}
 
@@ -172,9 +172,9 @@ def test_a_train_stage_handed_to_a_deployment_charts_its_steps_into_the_flows_ru
     no run of its own and leaves the run's status to the flow that opened it."""
     from mlflow.tracking import MlflowClient
 
-    import flows.common
+    import coevo.orchestration.flow
     from coevo.config import load_params
-    from tasks.tracking import absolute_uri
+    from coevo.orchestration.tracking import absolute_uri
 
     client = MlflowClient(absolute_uri(load_params("params.yaml").tracking.uri))
     experiment = client.get_experiment_by_name("cogr").experiment_id
@@ -184,11 +184,11 @@ def test_a_train_stage_handed_to_a_deployment_charts_its_steps_into_the_flows_ru
     def deployment(name, params_path, overrides, live_run_id=None):
         handed.update(name=name, run_id=live_run_id)
         started = time.time() * 1000
-        flows.common.run_pipeline("cogr", params_path, overrides, "train", live_run_id=live_run_id)
+        coevo.orchestration.flow.run_pipeline("cogr", params_path, overrides, "train", live_run_id=live_run_id)
         window.extend([started, time.time() * 1000])
         handed["status"] = client.get_run(live_run_id).info.status
 
-    monkeypatch.setattr(flows.common, "train_elsewhere", deployment)
+    monkeypatch.setattr(coevo.orchestration.flow, "train_elsewhere", deployment)
     summary = run(overrides=["cogr.grpo.learning_rate=1e-4"], train_deployment="cogr/train-gpu")
     run_id = summary["mlflow"]["run_id"]
     assert handed == {"name": "cogr/train-gpu", "run_id": run_id, "status": "RUNNING"}

@@ -266,7 +266,7 @@ def test_two_runs_on_different_data_sets_in_a_fresh_project_both_finish(referenc
 
 
 def test_the_run_lock_is_exclusive_and_a_dead_holders_lock_is_taken_over(tmp_path):
-    from coevo.lock import RunLocked, holder, run_lock
+    from coevo.orchestration.lock import RunLocked, holder, run_lock
 
     run_dir = tmp_path / "models" / "cogr" / "toy"
     holder_proc = hold_lock(run_dir, "coevo run cogr")
@@ -287,7 +287,7 @@ def test_the_run_lock_is_exclusive_and_a_dead_holders_lock_is_taken_over(tmp_pat
 
 def hold_lock(run_dir: Path, command: str) -> subprocess.Popen:
     """Another process holding the lock of ``run_dir`` (the lock nests within one process)."""
-    code = ("import sys, time; from coevo.lock import run_lock\n"
+    code = ("import sys, time; from coevo.orchestration.lock import run_lock\n"
             f"with run_lock({str(run_dir)!r}, {command!r}):\n    print('held', flush=True); time.sleep(300)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
@@ -311,9 +311,9 @@ def test_cli_commands_refuse_a_held_run_folder_before_any_work(tmp_path, chdir):
 
 OPEN_STORE = {
     # the store alone (what every Tracker does first)
-    "store": "from tasks.tracking import init_tracking_store\n",
+    "store": "from coevo.orchestration.tracking import init_tracking_store\n",
     # a flow started without the CLI (`dvc repro`, a deployment): the tracker of its MLflow run
-    "flow": "from tasks.tracking import Tracker\n",
+    "flow": "from coevo.orchestration.tracking import Tracker\n",
 }
 
 
@@ -696,7 +696,7 @@ def test_a_non_finite_loss_stops_training_naming_the_phase_and_knob():
 
 
 def test_each_logged_step_reaches_the_listeners_and_a_failing_listener_does_not_stop_training(caplog):
-    """What the open MLflow run charts while a phase trains (flows.common.LiveSteps): every logged
+    """What the open MLflow run charts while a phase trains (coevo.orchestration.flow.LiveSteps): every logged
     step, named by its trainer; a tracking store that fails is warned about once, not raised."""
     from coevo import progress
     from coevo.train.common import report_steps

@@ -1,12 +1,21 @@
 """Import rules of the library, read from the source with ``ast`` (nothing is imported).
 
-- ``coevo/`` never imports the top-level ``tasks`` or ``flows`` folders (no cycle
-  coevo -> flows -> tasks -> coevo; flows find the library, not the other way round);
+Imports go one way: the library (``coevo/`` minus ``cli/``, ``orchestration/`` and ``serving/``)
+-> ``coevo/orchestration/`` (Prefect tasks, MLflow tracking, DVC records, the flow builder) ->
+the entry points (``coevo/cli/``, the top-level ``flows/`` and ``tasks/``, ``bench/``).
+
+- ``coevo/`` never imports the top-level ``tasks`` or ``flows`` folders (they are a project's
+  thin entry points over ``coevo.orchestration``, not installed);
+- the library never imports ``coevo.orchestration`` (nor ``coevo.cli``);
 - ``coevo/models`` never imports ``coevo.train`` (train builds on models);
-- ``tasks/`` and ``flows/`` never import ``coevo.cli`` (orchestration runs without a CLI);
-- ``coevo/`` imports ``prefect`` only under ``coevo/cli/``, and ``mlflow`` only under
-  ``coevo/cli/`` and ``coevo/serving/`` (the MLflow pyfunc model *is* the serving interface);
-  the rest of the library is pure logic; orchestration and tracking live in tasks/ and flows/;
+- ``coevo/orchestration/``, ``tasks/`` and ``flows/`` never import ``coevo.cli`` (orchestration
+  runs without a CLI);
+- the library never imports ``prefect``, ``mlflow`` or ``dvc``: ``prefect`` and ``dvc`` only
+  under ``coevo/cli/`` and ``coevo/orchestration/``, ``mlflow`` there and under ``coevo/serving/``
+  (the MLflow pyfunc model *is* the serving interface). DVC's hashing library (``dvc_data``,
+  the md5 of :func:`coevo.steps.fingerprint`) is not ``dvc``;
+- no source file under ``coevo/``, ``flows/``, ``tasks/`` or ``bench/`` edits ``sys.path``: the
+  code they import is the installed package (a script's own folder is on its path already);
 - only ``coevo*`` packages are installed (no bare ``tasks`` / ``flows`` in site-packages).
 
 Relative imports are resolved, ``from coevo import train`` counts as importing ``coevo.train``,
@@ -116,18 +125,35 @@ def _under(folder: str) -> Callable[[Path], bool]:
     return lambda path: path.parts[: len(prefix)] == prefix
 
 
+def _library(path: Path) -> bool:
+    """A file of the library: under coevo/, outside cli/, orchestration/ and serving/."""
+    return _under("coevo")(path) and not any(_under(f"coevo/{part}")(path) for part in ("cli", "orchestration",
+                                                                                         "serving"))
+
+
 def test_library_never_imports_tasks_or_flows():
     found = violations("coevo/ never imports the top-level tasks or flows",
                        _under("coevo"), lambda m: _is(m, "tasks", "flows"))
     assert not found, "\n".join(found)
 
 
-def test_tasks_and_flows_never_import_the_cli():
+def test_library_never_imports_orchestration_or_the_cli():
+    """One direction: library -> coevo.orchestration -> entry points."""
+    found = violations("the library never imports coevo.orchestration or coevo.cli", _library,
+                       lambda m: _is(m, "coevo.orchestration", "coevo.cli"))
+    found += violations("coevo.serving never imports coevo.orchestration or coevo.cli", _under("coevo/serving"),
+                        lambda m: _is(m, "coevo.orchestration", "coevo.cli"))
+    assert not found, "\n".join(found)
+
+
+def test_orchestration_tasks_and_flows_never_import_the_cli():
     """Orchestration builds on the library, never on its command line (a flow started by a
-    deployment has no CLI around it): the tracking store is opened by tasks/tracking.py."""
-    found = [imp.describe("tasks/ and flows/ never import coevo.cli")
-             for folder in ("tasks", "flows") for path in sorted((REPO_ROOT / folder).rglob("*.py"))
-             for imp in imports_of(path) if _is(imp.module, "coevo.cli")]
+    deployment has no CLI around it): the tracking store is opened by coevo/orchestration/tracking.py."""
+    found = violations("coevo/orchestration/ never imports coevo.cli", _under("coevo/orchestration"),
+                       lambda m: _is(m, "coevo.cli"))
+    found += [imp.describe("tasks/ and flows/ never import coevo.cli")
+              for folder in ("tasks", "flows") for path in sorted((REPO_ROOT / folder).rglob("*.py"))
+              for imp in imports_of(path) if _is(imp.module, "coevo.cli")]
     assert not found, "\n".join(found)
 
 
@@ -137,20 +163,22 @@ def test_models_never_import_train():
     assert not found, "\n".join(found)
 
 
-def test_prefect_and_mlflow_only_in_the_cli():
-    cli, serving = _under("coevo/cli"), _under("coevo/serving")
-    found = violations("prefect only under coevo/cli/", lambda p: _under("coevo")(p) and not cli(p),
-                       lambda m: _is(m, "prefect"))
-    found += violations("mlflow only under coevo/cli/ and coevo/serving/",
-                        lambda p: _under("coevo")(p) and not cli(p) and not serving(p), lambda m: _is(m, "mlflow"))
+def test_prefect_mlflow_and_dvc_only_in_orchestration_and_the_cli():
+    cli, orchestration, serving = _under("coevo/cli"), _under("coevo/orchestration"), _under("coevo/serving")
+    outside = lambda p: _under("coevo")(p) and not cli(p) and not orchestration(p)  # noqa: E731
+    found = violations("prefect only under coevo/cli/ and coevo/orchestration/", outside, lambda m: _is(m, "prefect"))
+    found += violations("dvc only under coevo/cli/ and coevo/orchestration/", outside, lambda m: _is(m, "dvc"))
+    found += violations("mlflow only under coevo/cli/, coevo/orchestration/ and coevo/serving/",
+                        lambda p: outside(p) and not serving(p), lambda m: _is(m, "mlflow"))
     assert not found, "\n".join(found)
 
 
-def test_compute_leaves_orchestration_to_tasks():
+def test_compute_leaves_orchestration_to_the_orchestration_package():
     """coevo/compute.py runs work (generation, embedding) and never builds a pipeline: rebuilding a
-    pipeline's step on a Ray worker is orchestration, in tasks/steps.py."""
-    found = violations("coevo/compute.py never imports coevo.pipeline or coevo.methods",
-                       lambda p: p == Path("coevo/compute.py"), lambda m: _is(m, "coevo.pipeline", "coevo.methods"))
+    pipeline's step on a Ray worker is orchestration, in coevo/orchestration/prefect_tasks.py."""
+    found = violations("coevo/compute.py never imports coevo.orchestration or coevo.methods",
+                       lambda p: p == Path("coevo/compute.py"),
+                       lambda m: _is(m, "coevo.orchestration", "coevo.methods"))
     assert not found, "\n".join(found)
 
 
@@ -177,6 +205,51 @@ def test_only_coevo_packages_are_installed():
         f"pyproject.toml [tool.setuptools.packages.find] include = {include}: only coevo* may be installed "
         f"(not {others}: a bare top-level package collides in site-packages)"
     )
+
+
+_PATH_MUTATORS = {"insert", "append", "extend", "remove", "pop", "clear", "reverse", "sort", "__setitem__",
+                  "__delitem__", "__iadd__"}
+
+
+def _is_sys_path(node: ast.expr, path_names: set[str]) -> bool:
+    """``sys.path`` (``import sys``), or a name bound by ``from sys import path``."""
+    if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name):
+        return node.value.id == "sys"
+    return isinstance(node, ast.Name) and node.id in path_names
+
+
+def sys_path_edits(path: Path) -> Iterator[str]:
+    """``<file>:<line>: <what>`` for each edit of the import path in ``path``: a mutating call on
+    ``sys.path`` (insert, append, extend, ...), an assignment to it or to an item or slice of it,
+    ``del sys.path[...]``, ``sys.path += ...``, and ``site.addsitedir(...)``."""
+    rel = path.relative_to(REPO_ROOT)
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(rel))
+    names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+             and node.module == "sys" for alias in node.names if alias.name == "path"}
+
+    def target(node: ast.expr) -> bool:
+        return _is_sys_path(node.value if isinstance(node, ast.Subscript) else node, names)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in _PATH_MUTATORS and _is_sys_path(node.func.value, names):
+                yield f"{rel}:{node.lineno}: sys.path.{node.func.attr}(...)"
+            elif node.func.attr == "addsitedir" and isinstance(node.func.value, ast.Name) \
+                    and node.func.value.id == "site":
+                yield f"{rel}:{node.lineno}: site.addsitedir(...)"
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            if any(target(t) for t in targets):
+                yield f"{rel}:{node.lineno}: {type(node).__name__.lower()} to sys.path"
+
+
+def test_no_source_edits_sys_path():
+    """coevo/, flows/, tasks/ and bench/ import the installed package: nothing puts a folder on the
+    import path (a flow file, prefect.yaml's entrypoint, imports coevo.orchestration; a bench
+    script's sibling modules are on its path already, as its own folder)."""
+    found = [edit for folder in ("coevo", "flows", "tasks", "bench")
+             for path in sorted((REPO_ROOT / folder).rglob("*.py")) for edit in sys_path_edits(path)]
+    assert not found, "\n".join(found)
 
 
 # A parameter of these names is one of the project's own types; `Any` there hides what it is.
@@ -245,3 +318,25 @@ def test_the_walker_sees_every_kind_of_import(tmp_path, monkeypatch):
     assert Import(Path("coevo/models/bad.py"), 2, "coevo.train").describe("rule") == (
         "coevo/models/bad.py:2: imports coevo.train (rule)"
     )
+
+
+def test_the_sys_path_walker_sees_every_kind_of_edit(tmp_path, monkeypatch):
+    script = tmp_path / "bench" / "bad.py"
+    script.parent.mkdir()
+    script.write_text(
+        "import site\n"
+        "import sys\n"
+        "from sys import path as where\n"
+        "sys.path.insert(0, 'x')\n"
+        "sys.path.append('x')\n"
+        "sys.path[:0] = ['x']\n"
+        "sys.path = ['x']\n"
+        "sys.path += ['x']\n"
+        "where.insert(0, 'x')\n"
+        "site.addsitedir('x')\n"
+        "del sys.path[0]\n"
+        "print(sys.path, sys.path[0], 'sys.path.insert')\n"  # reading it is fine
+    )
+    monkeypatch.setattr(sys.modules[__name__], "REPO_ROOT", tmp_path)
+    lines = [int(found.split(":")[1]) for found in sys_path_edits(script)]
+    assert sorted(lines) == [4, 5, 6, 7, 8, 9, 10, 11], lines

@@ -147,7 +147,7 @@ def test_grape_and_cohyde_phases_follow_the_same_rule(toy, method, override, rer
 
 
 def test_final_evaluation_key_follows_the_split_and_the_trained_phases(toy, tmp_path, monkeypatch):
-    from coevo.pipeline import Pipeline
+    from coevo.orchestration.pipeline import Pipeline
 
     params_file, data = toy
     monkeypatch.chdir(tmp_path)

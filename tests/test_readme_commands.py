@@ -164,7 +164,8 @@ def check_params(ctx: typer.Context) -> None:
         return
     from coevo.config import load_params
 
-    paths = DEMO_PARAMS if ctx.info_name == "demo" else ctx.params["params"]
+    # `coevo params explain|show` without -p read params.yaml (coevo/cli/params.py:_load), as run's default does
+    paths = DEMO_PARAMS if ctx.info_name == "demo" else (ctx.params["params"] or [Path("params.yaml")])
     load_params(paths, list(overrides))
 
 
@@ -325,7 +326,7 @@ def test_good_commands_are_accepted(in_repo, monkeypatch):
 
 def test_every_command_of_the_expected_score_matrix_is_accepted(in_repo, monkeypatch):
     """repro/expected.yaml names, per entry, the command a person runs to see its figures."""
-    from coevo import repro
+    from coevo.orchestration import repro_matrix as repro
 
     commands = []
     for entry in repro.load().entries:

@@ -185,7 +185,8 @@ def test_names_and_headline_metrics():
 def test_experiments_are_model_training_experiments_runs_have_names_and_descriptions(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from tasks.tracking import EXPERIMENT_KIND_TAG, MODEL_TRAINING, NOTE_TAG, Tracker, run_description, run_name
+    from coevo.orchestration.tracking import (EXPERIMENT_KIND_TAG, MODEL_TRAINING, NOTE_TAG, Tracker, run_description,
+                                              run_name)
 
     monkeypatch.chdir(tmp_path)
     uri = "sqlite:///mlflow.db"
@@ -216,9 +217,9 @@ def test_experiments_are_model_training_experiments_runs_have_names_and_descript
 def test_each_run_registers_a_challenger_and_the_gate_keeps_an_equal_one_out(tmp_path_factory, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from coevo.pipeline import Pipeline
-    from tasks.registry import publish
-    from tasks.tracking import NOTE_TAG, Tracker
+    from coevo.orchestration.pipeline import Pipeline
+    from coevo.orchestration.publish import publish
+    from coevo.orchestration.tracking import NOTE_TAG, Tracker
 
     run = trained(tmp_path_factory, "cogr")
     uri = f"sqlite:///{tmp_path}/mlflow.db"

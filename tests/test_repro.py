@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coevo import repro
+from coevo.orchestration import repro_matrix as repro
 
 UNCOMMITTED_CHANGES = repro.uncommitted_changes  # the autouse fixture below replaces it
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.tracking import Tracker, TrackingError, check_reachable, metric_name, phase_metrics
+from coevo.orchestration.tracking import Tracker, TrackingError, check_reachable, metric_name, phase_metrics
 
 
 def _closed_port() -> int:
@@ -100,7 +100,7 @@ def test_a_run_samples_system_metrics_while_it_is_open(tmp_path: Path, monkeypat
 
 CTRL_C_INSIDE_LOGGING = """
 import logging, sys, time
-from tasks.tracking import Tracker
+from coevo.orchestration.tracking import Tracker
 with Tracker(uri="sqlite:///mlflow.db", artifact_root="mlruns", experiment="cogr", system_metrics_s=0.2) as tracker:
     print(tracker.run_id, flush=True)
     time.sleep(1.0)
@@ -192,7 +192,7 @@ def test_coevo_ui_links_open_the_classic_model_training_pages(tmp_path):
 
 
 def test_a_phase_metric_names_its_split_once():
-    from flows.common import phase_metric_names
+    from coevo.orchestration.flow import phase_metric_names
 
     assert phase_metric_names({"eval/f1": 0.5, "eval/val/G1/ndcg_at_5": 0.25, "eval/val/overall/ndcg_at_5": 0.75,
                                "train/reward_mean": 0.1}) == {

@@ -231,7 +231,7 @@ def one_line(exc: BaseException) -> tuple[str, int]:
     import yaml
 
     from coevo.config import ParamsError
-    from coevo.lock import RunLocked
+    from coevo.orchestration.lock import RunLocked
 
     if isinstance(exc, (ParamsError, RunLocked)):
         return str(exc), EXIT_USAGE

@@ -28,7 +28,7 @@ _FILE = "The matrix file (default: repro/expected.yaml of the project)."
 
 
 def _file(path: Optional[Path]) -> Path:
-    from coevo.repro import EXPECTED
+    from coevo.orchestration.repro_matrix import EXPECTED
 
     return path if path is not None else EXPECTED
 
@@ -94,18 +94,18 @@ def check(
 
     state = _ReproState("check")
     with run_errors(state, verbose):
-        from coevo import repro
+        from coevo.orchestration import repro_matrix
 
         path = _file(file)
-        repro.load(path)  # a malformed matrix is refused before any output is redirected
+        repro_matrix.load(path)  # a malformed matrix is refused before any output is redirected
         with library_output(state, verbose):
-            outcomes = repro.check(path, slow=slow, only=only, say=_say)
-        commands = {e.id: e.command for e in repro.load(path).entries}
+            outcomes = repro_matrix.check(path, slow=slow, only=only, say=_say)
+        commands = {e.id: e.command for e in repro_matrix.load(path).entries}
         for table in outcome_tables(outcomes, commands):
             console.print(table)
-        counts = repro.summary(outcomes)
+        counts = repro_matrix.summary(outcomes)
         line = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-        ok = repro.passed(outcomes)
+        ok = repro_matrix.passed(outcomes)
         console.print(f"{'[green]passed[/]' if ok else '[bold red]FAILED[/]'}: {line}", highlight=False)
         if not ok:
             raise typer.Exit(code=1)
@@ -132,12 +132,12 @@ def record(
 
     state = _ReproState("record")
     with run_errors(state, verbose):
-        from coevo import repro
+        from coevo.orchestration import repro_matrix
 
         path = _file(file)
-        repro.load(path)
+        repro_matrix.load(path)
         with library_output(state, verbose):
-            recorded = repro.record(path, slow=slow, only=only, runs=runs, vary_threads=vary_threads, say=_say)
+            recorded = repro_matrix.record(path, slow=slow, only=only, runs=runs, vary_threads=vary_threads, say=_say)
         figures = sum(len(v) for v in recorded.values())
         console.print(f"recorded {figures} figures of {len(recorded)} entries into {path} "
                       f"(each reproduced over {runs} run(s))")

@@ -1,8 +1,9 @@
 """`coevo run ...` (Prefect flows), `coevo demo` and `coevo ui`.
 
-The flows live in the project's top-level `flows/` folder and are loaded the way
-prefect.yaml entrypoints are (`flows/<method>.py:<method>_flow`), so nothing is installed
-under the bare names `flows` or `tasks`. Before Prefect starts, the same staleness keys
+The flows are built by the installed package (`coevo.orchestration.flow.method_flow`); a
+project's own `flows/<method>.py:<method>_flow` (prefect.yaml's entrypoint, a thin file over
+the package or a custom flow) is loaded the way prefect.yaml loads it when the project has one,
+so `coevo run` and a deployment run the same flow. Before Prefect starts, the same staleness keys
 that the flow's tasks use tell whether anything would run at all: a finished pipeline
 answers at once with its last results. While a flow runs, the screen shows one line per step,
 the results and the MLflow URL; library output (trainer dictionaries, progress bars, warnings)
@@ -41,7 +42,7 @@ if TYPE_CHECKING:  # types only: importing them here would pull in heavy librari
     from prefect import Flow
     from coevo.config import Params
     from coevo.methods.base import Method
-    from coevo.pipeline import Pipeline
+    from coevo.orchestration.pipeline import Pipeline
 
 app = typer.Typer(help="Run a method's full pipeline as a Prefect flow.", no_args_is_help=True)
 
@@ -123,21 +124,18 @@ class _RichSteps(progress.StepListener):
 
 
 def load_flow(method: str) -> Flow:
-    """`flows/<method>.py:<method>_flow` of the project in the working directory, loaded as
-    prefect.yaml's entrypoints are; a registered method without such a file runs the generic
-    flow of `flows/common.py` (``method_flow``)."""
+    """`flows/<method>.py:<method>_flow` of the project in the working directory when it has one,
+    loaded as prefect.yaml's entrypoints are (a deployment runs that file too); otherwise (a
+    registered method without such a file, or a project without `flows/`) the installed package's
+    flow of the method (``coevo.orchestration.flow.method_flow``)."""
     entry = Path("flows") / f"{method}.py"
-    common = Path("flows") / "common.py"
-    if not entry.exists() and not common.exists():
-        raise FileNotFoundError(f"{entry.resolve()}: no such flow; run coevo from the project root (the folder "
-                                "holding params.yaml, flows/ and tasks/)")
-    from prefect.flows import load_flow_from_entrypoint
-
     if entry.exists():
-        return load_flow_from_entrypoint(f"{entry}:{method}_flow")
-    from prefect.utilities.importtools import import_object  # what entrypoints load with: a path, not a package
+        from prefect.flows import load_flow_from_entrypoint
 
-    return import_object(f"{common}:method_flow")(method)
+        return load_flow_from_entrypoint(f"{entry}:{method}_flow")
+    from coevo.orchestration.flow import method_flow
+
+    return method_flow(method)
 
 
 class CommandState(Protocol):
@@ -186,7 +184,7 @@ def preflight(method: str, params: Params, stage: str) -> None:
     """Every check that needs no model and no data: before any work."""
     from coevo.checks import TrackingError, check_reachable, check_writable
     from coevo.layout import Layout
-    from coevo.pipeline import wants
+    from coevo.orchestration.pipeline import wants
 
     if wants(stage, "evaluate"):
         try:
@@ -230,8 +228,8 @@ def run_method(
     """
     from coevo.config import load_params
     from coevo.layout import Layout
-    from coevo.lock import run_lock
-    from coevo.pipeline import Pipeline, check_stage, wants
+    from coevo.orchestration.lock import run_lock
+    from coevo.orchestration.pipeline import Pipeline, check_stage, wants
 
     state = state or RunState(method)
     params = load_params(params_paths, overrides, method=method)  # bad params: fail here, before any work

@@ -177,7 +177,7 @@ def model_table(retriever: Retriever, dataset: Dataset, split: str, params: Para
     val and ``split``, the model on ``split``, and the paired comparison with the best baseline."""
     from coevo import report
     from coevo.methods.base import method_class
-    from coevo.pipeline import BASELINES, baseline_result
+    from coevo.orchestration.pipeline import BASELINES, baseline_result
 
     ev = params.evaluation
     cutoffs = list(ev.cutoffs)

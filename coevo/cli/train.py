@@ -3,7 +3,7 @@
 It runs the same phases with the same staleness keys as `coevo run`, in the same run folder
 by default, so either command resumes, or re-runs only what a changed knob touches, after
 the other. It opens an MLflow run of its own (``--no-track``: none) that charts each trainer
-step and each phase's val metrics while it trains (flows/common.py ``training_run``).
+step and each phase's val metrics while it trains (``coevo.orchestration.flow.training_run``).
 """
 
 from __future__ import annotations
@@ -116,22 +116,17 @@ def _train(method: str, params: list[Path], overrides: list[str], data: Optional
 
 
 def _training_run(track: bool, run, loaded, params: list[Path], overrides: list[str], data_dir: Path):
-    """The MLflow run of this training (flows/common.py ``training_run`` of the project in the working
-    directory), or none: ``--no-track``, a rank other than 0, or no flows/ here (with a notice)."""
+    """The MLflow run of this training (``coevo.orchestration.flow.training_run``), or none:
+    ``--no-track``, or a rank other than 0."""
     import contextlib
 
     from coevo import distributed
 
-    common = Path("flows") / "common.py"
     if not track or not distributed.is_writer():
         return contextlib.nullcontext()
-    if not common.exists():
-        console.print(f"[yellow]notice[/] no MLflow run: {common.resolve()} is missing (run coevo from the project "
-                      "root to track this training, or pass --no-track)", highlight=False)
-        return contextlib.nullcontext()
-    from prefect.utilities.importtools import import_object  # a path, as prefect.yaml's entrypoints load it
+    from coevo.orchestration.flow import training_run
 
-    return import_object(f"{common}:training_run")(run, loaded, [str(p) for p in params], overrides, data_dir)
+    return training_run(run, loaded, [str(p) for p in params], overrides, data_dir)
 
 
 def _rank_zero_lock(run_dir: Path):
@@ -140,7 +135,7 @@ def _rank_zero_lock(run_dir: Path):
     import contextlib
 
     from coevo import distributed
-    from coevo.lock import run_lock
+    from coevo.orchestration.lock import run_lock
 
     return run_lock(run_dir) if distributed.is_writer() else contextlib.nullcontext()
 

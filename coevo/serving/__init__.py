@@ -9,5 +9,5 @@
   aliases and the champion gate, as functions over an ``MlflowClient``.
 
 Nothing here is imported by ``coevo`` itself; the CLI (``coevo search|evaluate|promote``) and
-the flows' last task (``tasks/registry.py``) use it.
+the flows' last task (``coevo.orchestration.publish``) use it.
 """

@@ -16,7 +16,7 @@ Each training run registers a new version of ``coevo-<method>-<dataset>`` and po
 The decision and its figures are tagged on both versions (``coevo.gate.*``) and returned as a
 :class:`Decision` for the flow's final table and the CLI. ``evaluate(version)`` (per-query
 values of the metric for a model version) is passed in: the caller loads the model and
-scores it (``tasks/registry.py`` and ``coevo promote`` use :mod:`coevo.serving.pyfunc`), so
+scores it (``coevo.orchestration.publish`` and ``coevo promote`` use :mod:`coevo.serving.pyfunc`), so
 this module never imports MLflow and every rule is testable with a stub client.
 """
 

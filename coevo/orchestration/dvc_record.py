@@ -3,7 +3,7 @@
 At the end of a whole `coevo run <method>` (or a flow run of a deployment) in a DVC project:
 
 1. ``records/<method>.yaml`` receives the params the run resolved (params.yaml, its overlays and
-   ``--set``, merged), and ``dvc.yaml`` is rewritten from the records (:mod:`coevo.dvc_stages`);
+   ``--set``, merged), and ``dvc.yaml`` is rewritten from the records (:mod:`coevo.orchestration.dvc_stages`);
 2. ``dvc commit`` records the stages' deps, params and outs in ``dvc.lock`` and stores the outs
    (data, checkpoints, index, reports) in DVC's cache: `dvc status` is clean;
 3. ``dvc exp save`` keeps the workspace as a DVC experiment named like the MLflow run, so
@@ -28,9 +28,9 @@ from typing import Any
 import yaml
 
 from coevo.config import Params
-from coevo.dvc_stages import DVC_FILE, RECORDS_DIR, read_records, record_file, render, targets
 from coevo.io import write_text
 from coevo.layout import Layout
+from coevo.orchestration.dvc_stages import DVC_FILE, RECORDS_DIR, read_records, record_file, render, targets
 from coevo.steps import fingerprint
 
 RECORD_HEADER = """\

@@ -50,7 +50,7 @@ import yaml
 if TYPE_CHECKING:  # types only: the methods pull in pandas and the retrieval code
     from coevo.methods.cogr import CoGR
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]  # coevo/orchestration/ -> the repository root
 EXPECTED = PROJECT_ROOT / "repro" / "expected.yaml"
 TIERS = ("fast", "slow")
 BASELINE_SYSTEMS = ("bm25", "dense")
@@ -240,7 +240,7 @@ def pipeline_figures(method: str, dataset: str, loader: str, source: Path, overr
     as figures: per phase its val metrics and training figures, the start and the chosen
     phase on test."""
     from coevo.config import PROJECT_PARAMS, load_params
-    from coevo.pipeline import Pipeline
+    from coevo.orchestration.pipeline import Pipeline
     from coevo.report import numbers
 
     # data.root is relative to the scratch project, the working directory of the steps below.

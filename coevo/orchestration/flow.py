@@ -1,19 +1,19 @@
 """The pipeline every method's flow runs: data steps, the method's phases, evaluation, MLflow.
 
-:func:`method_flow` makes the Prefect flow of any registered method (coevo.methods.SPECS);
-`flows/<method>.py` holds one per built-in method for prefect.yaml's entrypoints, and a
-method without such a file runs the flow made here (`coevo run` falls back to it).
+:func:`method_flow` makes the Prefect flow of any registered method (coevo.methods.SPECS).
+A project's `flows/<method>.py` files are thin entry points over it for prefect.yaml's
+deployments (``cogr_flow = method_flow("cogr")``); a method without such a file runs the flow
+made here (`coevo run` falls back to it).
 
 Stages (also the DVC stages): prepare -> validate -> train -> evaluate. With ``stage="all"``
 they run in order; with one stage name only that stage runs, reading the earlier stages'
 outputs from their fixed paths (that is how `dvc repro` calls it). Each step is one cached
-Prefect task (tasks/steps.py); what a step depends on is declared in the library
-(coevo.pipeline, coevo.methods).
+Prefect task (coevo.orchestration.prefect_tasks); what a step depends on is declared in
+coevo.orchestration.pipeline and the library (coevo.methods).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,22 +23,18 @@ from typing import Any, TYPE_CHECKING
 import yaml
 from prefect import Flow, flow, get_run_logger
 
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)  # the project root, for `tasks` (this file is also loaded by path: coevo.cli.run)
-
 from coevo import progress, report
 from coevo.config import Params, load_params, load_tree
-from coevo.dvc_record import Record, RecordError, record_run
-from coevo.lock import run_lock
-from coevo.methods.base import MONITOR_SPLIT
 from coevo.io import write_json
 from coevo.layout import Layout
-from coevo.pipeline import ALL, Pipeline, check_stage, wants
+from coevo.methods.base import MONITOR_SPLIT
+from coevo.orchestration.dvc_record import Record, RecordError, record_run
+from coevo.orchestration.lock import run_lock
+from coevo.orchestration.pipeline import ALL, Pipeline, check_stage, wants
+from coevo.orchestration.prefect_tasks import execute, fan_out
+from coevo.orchestration.publish import publish
+from coevo.orchestration.tracking import Tracker, check_reachable, git_commit, run_name
 from coevo.steps import fingerprint
-from tasks.registry import publish
-from tasks.steps import execute, fan_out
-from tasks.tracking import Tracker, check_reachable, git_commit, run_name
 
 if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
     from coevo.methods.base import Method
@@ -86,8 +82,8 @@ def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Seque
     it is given the id of this flow's MLflow run); ``live_run_id`` is the run of the flow that handed
     this one its train stage, where the trainer steps are charted while they train.
 
-    The flow holds the lock of its method's run folder while it runs (coevo.lock; the CLI that
-    started it may hold it already: the lock nests), so a flow started by `dvc repro` or a
+    The flow holds the lock of its method's run folder while it runs (coevo.orchestration.lock; the CLI
+    that started it may hold it already: the lock nests), so a flow started by `dvc repro` or a
     deployment is refused like a second CLI."""
     params = load_params(params_path, list(overrides or []), method=method)  # parsed once per flow run
     check_stage(stage)
@@ -279,7 +275,8 @@ def evaluate(pipe: Pipeline, tracker: Tracker, live: LiveSeries, resolved: dict[
 
 
 def record_dvc(pipe: Pipeline, resolved: dict[str, Any], experiment: str) -> Record:
-    """The run's DVC record (coevo.dvc_record); a failing DVC command is reported, the trained run kept."""
+    """The run's DVC record (coevo.orchestration.dvc_record); a failing DVC command is reported, the trained
+    run kept."""
     try:
         return record_run(pipe.name, pipe.params, resolved, experiment)
     except RecordError as exc:
@@ -337,7 +334,7 @@ def main(flow_fn: Flow, argv: Sequence[str] | None = None) -> None:
     import argparse
     import json
 
-    from coevo.pipeline import STAGES
+    from coevo.orchestration.pipeline import STAGES
 
     parser = argparse.ArgumentParser(prog=f"flows/{flow_fn.name}.py", description=flow_fn.description)
     parser.add_argument("--params", action="append", default=None, help="params file(s) (default params.yaml)")
