@@ -273,26 +273,32 @@ class TrainerSection(Section):
 
     # The TRL config class (name in the ``trl`` package) this section builds.
     trl_config: ClassVar[str]
-    # TRL fields coevo sets itself -> the knob to use instead ({self}: this section's key,
-    # {parent}: the method's key). Refused in ``trl``.
-    trl_owned: ClassVar[dict[str, str]] = {
+    # The one mapping from this section's knobs to TRL config fields (TRL field -> knob): the
+    # trainers build their config from it (trl_settings) and the load-time check refuses these
+    # fields in ``trl`` (trl_owned).
+    trl_fields: ClassVar[dict[str, str]] = {}
+    # Other TRL fields coevo sets itself -> the knob to use instead ({self}: this section's key,
+    # {parent}: the method's key). Refused in ``trl`` too.
+    trl_set_elsewhere: ClassVar[dict[str, str]] = {
         "output_dir": "nothing: coevo writes into the run folder",
         "seed": "seed (top level)",
         "data_seed": "seed (top level)",
     }
 
+    @classmethod
+    def trl_owned(cls) -> dict[str, str]:
+        """Every TRL field coevo sets -> the knob that sets it (refused in ``trl``)."""
+        return {**cls.trl_set_elsewhere, **{field: f"{{self}}.{knob}" for field, knob in cls.trl_fields.items()}}
+
     def trl_settings(self) -> dict[str, Any]:
-        """TRL fields coevo derives from this section (used to check ``trl`` at load time)."""
-        return {}
+        """The TRL config fields this section's knobs set (``trl_fields``)."""
+        return {field: getattr(self, knob) for field, knob in self.trl_fields.items()}
 
 
 class SFTParams(TrainerSection):
     trl_config: ClassVar[str] = "SFTConfig"
-    trl_owned: ClassVar[dict[str, str]] = {
-        **TrainerSection.trl_owned,
-        "num_train_epochs": "{self}.epochs",
-        "learning_rate": "{self}.learning_rate",
-        "per_device_train_batch_size": "{self}.batch_size",
+    trl_fields: ClassVar[dict[str, str]] = {
+        "num_train_epochs": "epochs", "learning_rate": "learning_rate", "per_device_train_batch_size": "batch_size",
     }
 
     epochs: StrictInt = Field(ge=1, description="Passes over the SFT examples.")
@@ -303,20 +309,10 @@ class SFTParams(TrainerSection):
         f"see {TRL_DOCS}/sft_trainer#trl.SFTConfig."
     )
 
-    def trl_settings(self) -> dict[str, Any]:
-        return {"num_train_epochs": self.epochs, "learning_rate": self.learning_rate,
-                "per_device_train_batch_size": self.batch_size}
-
-
 class DPOParams(TrainerSection):
     trl_config: ClassVar[str] = "DPOConfig"
-    trl_owned: ClassVar[dict[str, str]] = {
-        **TrainerSection.trl_owned,
-        "num_train_epochs": "{self}.epochs",
-        "learning_rate": "{self}.learning_rate",
-        "per_device_train_batch_size": "{self}.batch_size",
-        "beta": "{parent}.dpo_beta",
-    }
+    trl_fields: ClassVar[dict[str, str]] = SFTParams.trl_fields
+    trl_set_elsewhere: ClassVar[dict[str, str]] = {**TrainerSection.trl_set_elsewhere, "beta": "{parent}.dpo_beta"}
 
     epochs: StrictInt = Field(ge=1, description="Passes over the round's preference pairs.")
     learning_rate: Float = Field(gt=0.0, description="Peak learning rate of the DPO optimizer.")
@@ -326,20 +322,15 @@ class DPOParams(TrainerSection):
         f"see {TRL_DOCS}/dpo_trainer#trl.DPOConfig."
     )
 
-    def trl_settings(self) -> dict[str, Any]:
-        return {"num_train_epochs": self.epochs, "learning_rate": self.learning_rate,
-                "per_device_train_batch_size": self.batch_size}
-
 
 class GRPOParams(TrainerSection):
     trl_config: ClassVar[str] = "GRPOConfig"
-    trl_owned: ClassVar[dict[str, str]] = {
-        **TrainerSection.trl_owned,
-        "per_device_train_batch_size": "{self}.batch_size",
-        "num_generations": "{self}.num_generations",
-        "max_completion_length": "{self}.max_completion_length",
-        "learning_rate": "{self}.learning_rate",
-        "beta": "{self}.beta",
+    trl_fields: ClassVar[dict[str, str]] = {
+        "per_device_train_batch_size": "batch_size", "num_generations": "num_generations",
+        "max_completion_length": "max_completion_length", "learning_rate": "learning_rate", "beta": "beta",
+    }
+    trl_set_elsewhere: ClassVar[dict[str, str]] = {
+        **TrainerSection.trl_set_elsewhere,
         "temperature": "{parent}.sampling.temperature",
         "top_p": "{parent}.sampling.top_p",
         "use_vllm": "the --vllm flag of `coevo train`",
@@ -386,15 +377,9 @@ class GRPOParams(TrainerSection):
             )
         return self
 
-    def trl_settings(self) -> dict[str, Any]:
-        return {"per_device_train_batch_size": self.batch_size, "num_generations": self.num_generations,
-                "max_completion_length": self.max_completion_length, "learning_rate": self.learning_rate,
-                "beta": self.beta}
-
-
 class CoGRGRPOParams(GRPOParams):
-    trl_owned: ClassVar[dict[str, str]] = {
-        **GRPOParams.trl_owned, "num_train_epochs": "{self}.query_epochs / {self}.item_epochs",
+    trl_set_elsewhere: ClassVar[dict[str, str]] = {
+        **GRPOParams.trl_set_elsewhere, "num_train_epochs": "{self}.query_epochs / {self}.item_epochs",
     }
 
     query_epochs: StrictInt = Field(
@@ -433,7 +418,7 @@ class CoGRGRPOParams(GRPOParams):
 
 
 class GrapeGRPOParams(GRPOParams):
-    trl_owned: ClassVar[dict[str, str]] = {**GRPOParams.trl_owned, "max_steps": "{self}.steps"}
+    trl_set_elsewhere: ClassVar[dict[str, str]] = {**GRPOParams.trl_set_elsewhere, "max_steps": "{self}.steps"}
 
     steps: StrictInt = Field(ge=1, description="GRPO optimizer steps in all.")
 
@@ -1042,7 +1027,7 @@ def check_trl(params: Params) -> list[str]:
         bad = False
         for name, value in section.trl.items():
             where = f"{key}.trl.{name}"
-            owned = section.trl_owned.get(str(name))
+            owned = section.trl_owned().get(str(name))
             if owned is not None:
                 knob = owned.format(self=key, parent=parent)
                 errors.append(f"{where}: coevo sets {section.trl_config}.{name} itself; use {knob}")

@@ -290,6 +290,25 @@ def test_trl_settings_pass_through(params_file, tmp_path):
     assert params.flat()["cogr.grpo.trl.loss_type"] == "dr_grpo"
 
 
+def test_one_mapping_from_a_trainer_section_to_its_trl_config(params_file, tmp_path):
+    """The config a trainer builds takes each mapped knob's value, and the load-time check refuses
+    each mapped field in ``trl``, naming that knob: both read the section's one ``trl_fields``."""
+    from coevo.train.grpo import grpo_config
+    from coevo.train.sft import sft_settings
+
+    params = load_params(params_file)
+    built = {"cogr.grpo": grpo_config(tmp_path, params.cogr.grpo, 0).to_dict(),
+             "cogr.sft": sft_settings(type("G", (), {"tokenizer": type("T", (), {"eos_token": "</s>"})()})(),
+                                      params.cogr.sft, tmp_path, 0)}
+    for key, config in built.items():
+        section = params.cogr.grpo if key == "cogr.grpo" else params.cogr.sft
+        assert section.trl_fields, key
+        for field, knob in section.trl_fields.items():
+            assert config[field] == getattr(section, knob), (key, field)
+            with pytest.raises(ParamsError, match=rf"{key}.trl.{field}: coevo sets .* itself; use {key}.{knob}$"):
+                load_params(params_file, [f"{key}.trl.{field}=1"])
+
+
 def test_padding_free_sft_loads_without_a_max_length_or_with_packing(params_file):
     params = load_params(params_file, ["cogr.sft.trl.padding_free=true", "cogr.sft.trl.max_length=null"])
     assert params.cogr.sft.trl == {"padding_free": True, "max_length": None}

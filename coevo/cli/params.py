@@ -221,7 +221,7 @@ def _explain_trl_field(loaded: "Params", section_key: str, name: str) -> None:
     if name not in fields:
         raise ParamsError(f"{key}: not a field of trl.{section.trl_config}{close_matches(name, list(fields))}")
     field = fields[name]
-    owned = section.trl_owned.get(name)
+    owned = section.trl_owned().get(name)
     default = field.default if field.default is not dataclasses.MISSING else (
         field.default_factory() if field.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
     grid = Table.grid(padding=(0, 2))

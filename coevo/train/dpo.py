@@ -99,9 +99,8 @@ def train_dpo(
         with tempfile.TemporaryDirectory(prefix="coevo-dpo-") as scratch, seeded(seed):
             config = DPOConfig(**{
                 "output_dir": scratch,
-                "num_train_epochs": params.epochs,
-                "per_device_train_batch_size": batch_size,
-                "learning_rate": params.learning_rate,
+                **params.trl_settings(),  # the section's knobs (epochs, learning_rate, batch_size)
+                "per_device_train_batch_size": batch_size,  # capped at the pair count
                 "beta": beta,
                 "max_length": max_length,
                 **trainer_device_args(seed),

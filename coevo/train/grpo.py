@@ -76,11 +76,7 @@ def grpo_config(
 
     settings: dict[str, Any] = {
         "output_dir": str(out_dir),
-        "per_device_train_batch_size": params.batch_size,
-        "num_generations": params.num_generations,
-        "max_completion_length": params.max_completion_length,
-        "learning_rate": params.learning_rate,
-        "beta": params.beta,
+        **params.trl_settings(),  # the section's knobs (batch_size, num_generations, ..., beta)
         "num_train_epochs": epochs,
         "max_steps": max_steps if max_steps is not None else -1,
         "temperature": temperature,

@@ -51,10 +51,8 @@ def sft_settings(
     """SFTConfig keyword arguments: coevo's settings, then ``params.trl`` (any other SFTConfig field)."""
     return {
         "output_dir": str(out_dir),
-        "num_train_epochs": params.epochs,
+        **params.trl_settings(),  # the section's knobs (epochs, learning_rate, batch_size)
         "max_steps": max_steps if max_steps is not None else -1,
-        "learning_rate": params.learning_rate,
-        "per_device_train_batch_size": params.batch_size,
         "lr_scheduler_type": "linear",
         "warmup_steps": 0,
         "max_length": max_length,
