@@ -1,4 +1,4 @@
-"""What `coevo demo` prints on this machine from a fresh clone: the quote the README gives, regenerated.
+"""What `coevo demo` prints on this machine from a fresh clone: the quote the README trims and docs/experiments/demo_output.md gives in full, regenerated.
 
     .venv/bin/python bench/demo_quote.py [--onednn-max-cpu-isa AVX2] [--out FILE] [--columns 100]
         [--set KEY=VALUE ...] [--keep]

@@ -1,5 +1,5 @@
 """bench/efficacy.py's own logic: the seeded data subset and the budget rule (no model runs here;
-the bench itself runs the real pipeline, see the README's "Does it learn?")."""
+the bench itself runs the real pipeline, see "Does it learn?" in docs/experiments/efficacy_setup.md)."""
 
 from __future__ import annotations
 
