@@ -30,8 +30,13 @@ failures, by name, even when pytest could not print its counts:
 
 Files run ``COEVO_TEST_JOBS`` at a time (default 2: most of a file's time is spent waiting on
 subprocesses, servers and JVM start-up, so two files share 2 cores well; 1 runs them one by
-one). Files in ``SLOW_FIRST`` start first, so that no long file starts last and ends the run
-alone. With more than one job, each job slot has its own ``PREFECT_HOME`` (a temporary folder):
+one). A long file in ``SPLIT_BY_TEST`` runs as several processes, so that its minutes spread over
+both slots: each slow test alone (``file.py::test_x``), the tests sharing one of its module-scoped
+fixtures together (``file.py::[fixture]``), the rest together (``file.py::[fast]``).
+The longest units start first (their seconds as measured in ``tests/times.json``; a unit not
+measured yet starts after them, by name), so that no long unit starts last and ends the run
+alone. ``COEVO_TEST_RECORD_TIMES=1`` writes the run's measured seconds back to that file.
+With more than one job, each job slot has its own ``PREFECT_HOME`` (a temporary folder):
 two ephemeral Prefect servers on one SQLite database lock each other out.
 
 Ctrl-C stops the running files (SIGINT to their process groups, SIGKILL after 10 s) and the run.
@@ -39,6 +44,8 @@ Ctrl-C stops the running files (SIGINT to their process groups, SIGKILL after 10
 
 from __future__ import annotations
 
+import ast
+import json
 import os
 import re
 import signal
@@ -56,9 +63,13 @@ TIMEOUT_ENV = "COEVO_TEST_FILE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800.0
 JOBS_ENV = "COEVO_TEST_JOBS"
 DEFAULT_JOBS = 2
-# Files that take minutes (measured: `make test` on 2 cores), longest first; the rest follow by name.
-SLOW_FIRST = ("test_bench_smoke.py", "test_hardening.py", "test_terminal.py", "test_dvc.py",
-              "test_compute_ray.py", "test_flows_cohyde.py", "test_flows_cogr.py")
+# Long files run as several processes (split_units): each slow test, each group sharing a module fixture,
+# the fast rest.
+SPLIT_BY_TEST = ("test_bench_smoke.py", "test_hardening.py", "test_terminal.py", "test_cogr_train.py",
+                 "test_train_wrappers.py")
+# Seconds per unit measured by a whole run (COEVO_TEST_RECORD_TIMES=1): the longest start first.
+TIMES_FILE = TESTS / "times.json"
+RECORD_ENV = "COEVO_TEST_RECORD_TIMES"
 # Test files that are meant to collect no tests (pytest exit status 5 is then a pass), by file
 # name, e.g. "test_placeholder.py". Any other file that collects nothing fails.
 EMPTY_ON_PURPOSE: tuple[str, ...] = ()
@@ -117,10 +128,89 @@ def jobs_from_env() -> int:
     return int(raw)
 
 
-def run_order(paths: list[Path]) -> list[Path]:
-    """``SLOW_FIRST`` files first (in that order), then the others by name."""
-    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
-    return sorted(paths, key=lambda p: (rank.get(p.name, len(rank)), p.name))
+@dataclass(frozen=True)
+class Unit:
+    """What one pytest process runs: a whole file, or some top-level tests of it (``label`` names them)."""
+
+    path: Path
+    tests: tuple[str, ...] = ()
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.name}::{self.label}" if self.tests else self.path.name
+
+    def targets(self, root: Path) -> list[str]:
+        rel = str(self.path.relative_to(root))
+        return [f"{rel}::{t}" for t in self.tests] or [rel]
+
+
+def _is_slow_mark(node: ast.expr) -> bool:
+    """``pytest.mark.slow``, alone or in a list of marks (``pytestmark = [...]``)."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return any(_is_slow_mark(n) for n in node.elts)
+    return isinstance(node, ast.Attribute) and node.attr == "slow"
+
+
+def _shared_fixture(node: ast.stmt) -> bool:
+    """``@pytest.fixture(scope="module" | "session")``: a fixture its file's tests share."""
+    return isinstance(node, ast.FunctionDef) and any(
+        isinstance(d, ast.Call) and any(k.arg == "scope" and isinstance(k.value, ast.Constant)
+                                        and k.value.value in ("module", "session") for k in d.keywords)
+        for d in node.decorator_list)
+
+
+def split_units(path: Path) -> list[Unit]:
+    """``path``'s top-level tests as units (read with ``ast``, not imported): each slow test alone; the
+    tests that take one of the file's module- or session-scoped fixtures together (named after the
+    first such fixture, so it is built once); the other tests together as ``[fast]``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    shared = {node.name for node in tree.body if _shared_fixture(node)}
+    takes = {node.name: [a.arg for a in node.args.args] for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+    def shared_of(names: list[str], seen: set[str]) -> list[str]:  # through the file's own fixtures too
+        found = []
+        for name in names:
+            if name not in seen:
+                seen.add(name)
+                found += [name] if name in shared else shared_of(takes.get(name, []), seen)
+        return found
+
+    file_slow = any(isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark"
+                                                            for t in node.targets) and _is_slow_mark(node.value)
+                    for node in tree.body)
+    groups: dict[str, list[str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            groups.setdefault("[fast]", []).append(node.name)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            fixtures = shared_of([a.arg for a in node.args.args], set())
+            slow = file_slow or any(_is_slow_mark(d) for d in node.decorator_list)
+            key = f"[{fixtures[0]}]" if fixtures else node.name if slow else "[fast]"
+            groups.setdefault(key, []).append(node.name)
+    return [Unit(path, tuple(tests), key) for key, tests in groups.items()]
+
+
+def units_of(paths: list[Path], split: tuple[str, ...] | set[str] = SPLIT_BY_TEST) -> list[Unit]:
+    """A unit per file, or :func:`split_units` for a file in ``split`` (a file with no tests stays whole)."""
+    units: list[Unit] = []
+    for path in paths:
+        units.extend((split_units(path) if path.name in split else []) or [Unit(path)])
+    return units
+
+
+def read_times(path: Path = TIMES_FILE) -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
+    except FileNotFoundError:
+        return {}
+    except (ValueError, AttributeError) as err:
+        raise SystemExit(f"error: {path}: not a JSON object of unit name -> seconds ({err})")
+
+
+def run_order(units: list[Unit], times: dict[str, float]) -> list[Unit]:
+    """The measured units longest first, then the ones never measured, by name."""
+    return sorted(units, key=lambda u: (u.name not in times, -times.get(u.name, 0.0), u.name))
 
 
 def _progress_counts(stdout: str) -> dict[str, int]:
@@ -147,11 +237,11 @@ RUNNING: set[subprocess.Popen] = set()  # the files' pytest processes, for Ctrl-
 _RUNNING_LOCK = threading.Lock()
 
 
-def run_file(path: Path, root: Path, args: list[str], timeout_s: float | None,
+def run_file(unit: Unit, root: Path, args: list[str], timeout_s: float | None,
              env: dict[str, str] | None = None) -> FileResult:
-    """One pytest process on ``path``, in a process group of its own; output through files, so a
+    """One pytest process on ``unit``, in a process group of its own; output through files, so a
     grandchild that keeps a pipe open cannot block the runner."""
-    command = [sys.executable, "-m", "pytest", "-q", str(path.relative_to(root)), *args]
+    command = [sys.executable, "-m", "pytest", "-q", *unit.targets(root), *args]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.perf_counter()
         proc = subprocess.Popen(command, cwd=root, stdout=out, stderr=err, start_new_session=True, env=env)
@@ -171,7 +261,7 @@ def run_file(path: Path, root: Path, args: list[str], timeout_s: float | None,
         seconds = time.perf_counter() - started
         out.seek(0)
         err.seek(0)
-        return FileResult(path.name, rc, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace"),
+        return FileResult(unit.name, rc, out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace"),
                           seconds, timeout_s)
 
 
@@ -217,10 +307,16 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
-def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | set[str] = EMPTY_ON_PURPOSE) -> int:
-    """Every tests_dir/test_*.py in its own pytest process (cwd: tests_dir's parent); 1 if any failed."""
+def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | set[str] = EMPTY_ON_PURPOSE,
+         split: tuple[str, ...] | set[str] = SPLIT_BY_TEST, times_file: Path = TIMES_FILE) -> int:
+    """Every tests_dir/test_*.py in its own pytest process (cwd: tests_dir's parent), or one process per
+    top-level test for a file in ``split``; 1 if any failed."""
     timeout_s = timeout_from_env()
     jobs = jobs_from_env()
+    record = os.environ.get(RECORD_ENV, "").strip() not in ("", "0")
+    times = read_times(times_file)
+    units = run_order(units_of(sorted(tests_dir.glob("test_*.py")), split), times)
+    seconds: dict[str, float] = {}
     totals = {"passed": 0, "failed": 0, "skipped": 0, "errors": 0}
     failing: list[FileResult] = []
     started = time.perf_counter()
@@ -231,15 +327,16 @@ def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | s
                                           for i in range(jobs)]
         free_slots = list(range(len(slots)))
 
-        def one_file(path: Path) -> None:
+        def one_file(unit: Unit) -> None:
             with print_lock:
                 slot = free_slots.pop()
             try:
-                result = judge(run_file(path, tests_dir.parent, args, timeout_s, env=slots[slot]), empty_ok)
+                result = judge(run_file(unit, tests_dir.parent, args, timeout_s, env=slots[slot]), empty_ok)
             finally:
                 with print_lock:
                     free_slots.append(slot)
             with print_lock:  # one file's lines together, as each file ends
+                seconds[unit.name] = result.seconds
                 for key in totals:
                     totals[key] += result.counts.get(key, 0)
                 print(result.line(), flush=True)
@@ -249,7 +346,7 @@ def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | s
 
         pool = ThreadPoolExecutor(max_workers=jobs)
         try:
-            for future in [pool.submit(one_file, p) for p in run_order(list(tests_dir.glob("test_*.py")))]:
+            for future in [pool.submit(one_file, u) for u in units]:
                 future.result()
         except BaseException:  # Ctrl-C: stop every running file, start no other
             pool.shutdown(wait=False, cancel_futures=True)
@@ -261,6 +358,11 @@ def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | s
         pool.shutdown()
     failing.sort(key=lambda r: r.name)
     names = [r.name for r in failing]
+    slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:5]
+    print("slowest: " + ", ".join(f"{name} {s:.0f}s" for name, s in slowest))
+    if record:
+        times_file.write_text(json.dumps({k: round(v, 1) for k, v in sorted(seconds.items())}, indent=1) + "\n")
+        print(f"wrote {len(seconds)} units' seconds to {times_file}")
     print(f"files: {len(failing)} failing {names if names else ''}; {time.perf_counter() - started:.0f}s")
     closing = f"{totals['passed']} passed, {totals['failed'] + totals['errors']} failed, {totals['skipped']} skipped"
     if failing:

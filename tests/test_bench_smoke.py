@@ -9,6 +9,8 @@ The figures mean nothing at this scale; the test checks the exit status and the 
 of the script's last line (and, where the script reports one, its own correctness check).
 
 `test_every_bench_script_has_a_smoke_run` fails when a script is added to bench/ without one.
+Smoke runs marked ``full`` run in `make test-all` only (their paths are covered by the CI tier's own
+tests); `test_every_bench_script_imports` loads every script in CI, so an import they lose fails there.
 """
 
 from __future__ import annotations
@@ -88,6 +90,17 @@ def test_every_bench_script_has_a_smoke_run():
     assert not missing, missing
 
 
+def test_every_bench_script_imports(monkeypatch):
+    """Each script's module loads against the library as it is (a moved or renamed import fails here, in
+    seconds, also for the scripts whose smoke run is in the full tier only); nothing runs: main() is not called."""
+    monkeypatch.syspath_prepend(str(BENCH))  # as `python bench/x.py` has it: bench/_workers.py importable
+    for path in sorted(BENCH.glob("[!_]*.py")):
+        spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        assert callable(getattr(module, "main", None)), f"{path.name} has no main()"
+
+
 # ------------------------------------------------------------------ synthetic, seconds
 def test_rewards():
     lines = run_bench(script("rewards.py", "--items", "300", "--queries", "100", "--rel-per-query", "5",
@@ -109,6 +122,7 @@ def test_rank_reward():
 
 # ------------------------------------------------------------------ tiny models
 @pytest.mark.slow
+@pytest.mark.full  # full tier: the round's sub-phases train in test_cohyde_train and test_flows_cohyde
 def test_cohyde_round(tmp_path):
     from tests.test_cohyde_train import _small_stabletoolbench
 
@@ -124,6 +138,7 @@ def test_cohyde_round(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # full tier: the CoHyDE round it builds is test_cohyde_train's and test_flows_cohyde's
 def test_cohyde_vague_val(tmp_path, monkeypatch):
     """A tiny CoHyDE round in a project folder: rows for val and its vague copies, the standard s1a and round
     rows equal to the run's own val evaluations (the script searches as the method does), the oracle row and
@@ -176,6 +191,7 @@ def test_train_step(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # full tier: its SFT variants train in test_train_wrappers and test_config
 def test_sft_step(tmp_path):
     """CoGR's SFT examples from the real seed phase, one step of each variant, ratios against coevo's."""
     lines = run_bench(script("sft_step.py", "--model", "tiny", "--set", "cogr.lora.top_layers=1", "--steps", "1",
@@ -197,6 +213,7 @@ def test_sft_step(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # full tier: Ray's corpus passes equal the local ones in test_compute_ray
 def test_scale_out():  # no TMPDIR here: Ray's socket paths under pytest's tmp_path exceed 107 bytes
     lines = run_bench(script("scale_out.py", "--model", "tiny", "--items", "4", "--embed-items", "8",
                              "--max-new-tokens", "4", "--batch-size", "4", "--index-items", "200",
@@ -228,6 +245,7 @@ def test_serve_settings_are_valid_knobs():
 
 
 @pytest.mark.slow
+@pytest.mark.full  # full tier: its three toy runs are the flow tests' (test_flows_*)
 def test_gpu_check_dry_run(tmp_path):
     work = tmp_path / "gpu-check"
     lines = run_bench(["bash", str(BENCH / "gpu_check.sh")], timeout=600,
@@ -244,6 +262,7 @@ def test_gpu_check_dry_run(tmp_path):
 # ------------------------------------------------------------------ whole pipelines (tiny CoGR flow)
 @pytest.mark.slow
 @pytest.mark.java
+@pytest.mark.full  # full tier: the cached re-run and dvc repro it times are test_flows_cogr's and test_dvc's
 def test_pipeline_overhead(tmp_path):
     lines = run_bench(script("pipeline_overhead.py", "--queries", "4", "--rounds", "0"), timeout=900,
                       env={"TMPDIR": str(tmp_path)})
@@ -254,6 +273,7 @@ def test_pipeline_overhead(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.java
+@pytest.mark.full  # full tier: what each change re-runs is test_flows_cogr's and test_pipeline's
 def test_staleness_table(tmp_path):
     lines = run_bench(script("staleness_table.py", "--change", "final split"), timeout=900,
                       env={"TMPDIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect-home")})
@@ -263,6 +283,7 @@ def test_staleness_table(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # full tier: SFT learning is test_train_wrappers' test_sft_learns_the_targets
 def test_sft_learning(tmp_path):
     """Seeds and SFT of the real pipeline per variant and cap; a second invocation adds to the report."""
     common = ["--data", str(SAMPLE_DIR / "metatool"), "--queries", "0", "--out", str(tmp_path / "out"),

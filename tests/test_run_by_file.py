@@ -5,6 +5,7 @@ hanging past a short per-file timeout, empty on purpose and empty by accident.""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -108,12 +109,71 @@ def test_files_running_together_have_a_prefect_home_each(tmp_path, monkeypatch, 
     assert capsys.readouterr().out.strip().splitlines()[-1] == "2 passed, 0 failed, 0 skipped"
 
 
-def test_long_files_start_first_and_jobs_setting(monkeypatch):
-    names = ["test_a.py", "test_hardening.py", "test_z.py", "test_bench_smoke.py"]
-    order = [p.name for p in run_by_file.run_order([Path(n) for n in names])]
-    assert order == ["test_bench_smoke.py", "test_hardening.py", "test_a.py", "test_z.py"]
-    gone = [name for name in run_by_file.SLOW_FIRST if not (run_by_file.TESTS / name).is_file()]
-    assert not gone, f"SLOW_FIRST names files that are gone: {gone}"
+SPLIT_FILE = """
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def built():
+        return 1
+
+    @pytest.fixture
+    def project(built):
+        return built
+
+    def test_fast_one(): pass
+
+    @pytest.mark.slow
+    def test_slow_alone(): pass
+
+    def test_uses_built(built): assert built == 1
+
+    class TestFast:
+        def test_in_class(self): pass
+
+    def test_uses_built_through_project(project): assert project == 1
+
+    @pytest.mark.slow
+    def test_slow_skipped(): pytest.skip("not here")
+"""
+
+
+def test_split_files_run_in_units_and_the_longest_units_start_first(tmp_path, monkeypatch, capsys):
+    tests = _tests_dir(tmp_path, {"test_s_split.py": SPLIT_FILE, "test_b_fail.py": FILES["test_b_fail.py"],
+                                  "test_h_other.py": "def test_other(): pass\n"})
+    units = run_by_file.units_of(sorted(tests.glob("test_*.py")), split={"test_s_split.py"})
+    assert [(u.name, u.tests) for u in units] == [
+        ("test_b_fail.py", ()), ("test_h_other.py", ()),
+        ("test_s_split.py::[fast]", ("test_fast_one", "TestFast")),  # the fast rest, together
+        ("test_s_split.py::test_slow_alone", ("test_slow_alone",)),
+        ("test_s_split.py::[built]", ("test_uses_built", "test_uses_built_through_project")),  # built once
+        ("test_s_split.py::test_slow_skipped", ("test_slow_skipped",))]
+    times = {"test_h_other.py": 5.0, "test_s_split.py::[built]": 9.0, "gone.py": 99.0}
+    order = [u.name for u in run_by_file.run_order(units, times)]
+    assert order == ["test_s_split.py::[built]", "test_h_other.py",  # measured, longest first
+                     "test_b_fail.py", "test_s_split.py::[fast]", "test_s_split.py::test_slow_alone",
+                     "test_s_split.py::test_slow_skipped"]  # then by name
+
+    monkeypatch.setenv(run_by_file.TIMEOUT_ENV, "0")
+    monkeypatch.setenv(run_by_file.JOBS_ENV, "1")
+    monkeypatch.setenv(run_by_file.RECORD_ENV, "1")
+    times_file = tmp_path / "times.json"
+    times_file.write_text(json.dumps(times))
+    rc = run_by_file.main(["-p", "no:cacheprovider"], tests_dir=tests, split={"test_s_split.py"}, times_file=times_file)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 1 and lines[-1] == "7 passed, 1 failed, 1 skipped; failing: test_b_fail.py (1 failed)"
+    ran = [line.split(": ", 1)[0] for line in lines if line.startswith("test_")]
+    assert ran == order  # one at a time, in that order
+    assert any(line.startswith("test_s_split.py::[built]: 2 passed") for line in lines)
+    recorded = json.loads(times_file.read_text())
+    assert sorted(recorded) == sorted(order) and all(v > 0 for v in recorded.values())
+
+
+def test_units_split_and_times_file_are_real(monkeypatch):
+    gone = [name for name in run_by_file.SPLIT_BY_TEST if not (run_by_file.TESTS / name).is_file()]
+    assert not gone, f"SPLIT_BY_TEST names files that are gone: {gone}"
+    units = {u.name for u in run_by_file.units_of(sorted(run_by_file.TESTS.glob("test_*.py")))}
+    stale = sorted(set(run_by_file.read_times()) - units)
+    assert not stale, f"tests/times.json names units that are gone (COEVO_TEST_RECORD_TIMES=1 rewrites it): {stale}"
     monkeypatch.delenv(run_by_file.JOBS_ENV, raising=False)
     assert run_by_file.jobs_from_env() == run_by_file.DEFAULT_JOBS
     monkeypatch.setenv(run_by_file.JOBS_ENV, "1")
@@ -122,6 +182,14 @@ def test_long_files_start_first_and_jobs_setting(monkeypatch):
         monkeypatch.setenv(run_by_file.JOBS_ENV, bad)
         with pytest.raises(SystemExit, match=f"{run_by_file.JOBS_ENV}={bad!r}"):
             run_by_file.jobs_from_env()
+
+
+def test_a_broken_times_file_is_one_line(tmp_path):
+    bad = tmp_path / "times.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(SystemExit, match=r"times.json: not a JSON object of unit name -> seconds"):
+        run_by_file.read_times(bad)
+    assert run_by_file.read_times(tmp_path / "absent.json") == {}
 
 
 def test_timeout_setting():
