@@ -35,7 +35,8 @@ both slots: each slow test alone (``file.py::test_x``), the tests sharing one of
 fixtures together (``file.py::[fixture]``), the rest together (``file.py::[fast]``).
 The longest units start first (their seconds as measured in ``tests/times.json``; a unit not
 measured yet starts after them, by name), so that no long unit starts last and ends the run
-alone. ``COEVO_TEST_RECORD_TIMES=1`` writes the run's measured seconds back to that file.
+alone. ``COEVO_TEST_RECORD_TIMES=1`` writes the seconds of the units the run measured back to that
+file (a unit the ``-m``/``-k`` filter deselected whole keeps its last figure).
 With more than one job, each job slot has its own ``PREFECT_HOME`` (a temporary folder):
 two ephemeral Prefect servers on one SQLite database lock each other out.
 
@@ -336,7 +337,8 @@ def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | s
                 with print_lock:
                     free_slots.append(slot)
             with print_lock:  # one file's lines together, as each file ends
-                seconds[unit.name] = result.seconds
+                if any(result.counts.get(k) for k in ("passed", "failed", "skipped", "errors")):
+                    seconds[unit.name] = result.seconds  # not a unit the -m/-k filter deselected whole
                 for key in totals:
                     totals[key] += result.counts.get(key, 0)
                 print(result.line(), flush=True)
@@ -360,9 +362,12 @@ def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | s
     names = [r.name for r in failing]
     slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:5]
     print("slowest: " + ", ".join(f"{name} {s:.0f}s" for name, s in slowest))
-    if record:
-        times_file.write_text(json.dumps({k: round(v, 1) for k, v in sorted(seconds.items())}, indent=1) + "\n")
-        print(f"wrote {len(seconds)} units' seconds to {times_file}")
+    if record:  # the units this run measured; the others keep their last measurement
+        names = {u.name for u in units}
+        kept = {k: v for k, v in times.items() if k in names and k not in seconds}
+        times_file.write_text(json.dumps({k: round(v, 1) for k, v in sorted({**kept, **seconds}.items())},
+                                         indent=1) + "\n")
+        print(f"wrote {len(seconds)} units' seconds to {times_file} ({len(kept)} kept from the last run)")
     print(f"files: {len(failing)} failing {names if names else ''}; {time.perf_counter() - started:.0f}s")
     closing = f"{totals['passed']} passed, {totals['failed'] + totals['errors']} failed, {totals['skipped']} skipped"
     if failing:

@@ -165,7 +165,12 @@ def test_split_files_run_in_units_and_the_longest_units_start_first(tmp_path, mo
     assert ran == order  # one at a time, in that order
     assert any(line.startswith("test_s_split.py::[built]: 2 passed") for line in lines)
     recorded = json.loads(times_file.read_text())
-    assert sorted(recorded) == sorted(order) and all(v > 0 for v in recorded.values())
+    assert sorted(recorded) == sorted(order) and all(v > 0 for v in recorded.values())  # gone.py dropped
+    # a filtered run measures only what it ran: units it deselected whole keep their figure
+    run_by_file.main(["-p", "no:cacheprovider", "-k", "other"], tests_dir=tests, split={"test_s_split.py"},
+                     times_file=times_file)
+    again = json.loads(times_file.read_text())
+    assert {k for k in again if again[k] != recorded[k]} <= {"test_h_other.py"} and sorted(again) == sorted(order)
 
 
 def test_units_split_and_times_file_are_real(monkeypatch):
