@@ -42,22 +42,9 @@ QUERIES_PER_TOOL = 8
 
 def make_toy_metatool(dest: Path) -> Path:
     """A MetaTool-format subset of the committed sample: 6 tools, 8 queries each."""
-    import csv
-    import json
+    from coevo.data.sample import toy_metatool
 
-    src = SAMPLE_DIR / "metatool"
-    descriptions = json.loads((src / "plugin_des.json").read_text())
-    with (src / "all_clean_data.csv").open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    tools = list(dict.fromkeys(r["Tool"] for r in rows))[:TOY_TOOLS]
-    keep = [r for t in tools for r in [r for r in rows if r["Tool"] == t][:QUERIES_PER_TOOL]]
-    dest.mkdir(parents=True, exist_ok=True)
-    with (dest / "all_clean_data.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["Query", "Tool"])
-        writer.writeheader()
-        writer.writerows(keep)
-    (dest / "plugin_des.json").write_text(json.dumps({t: descriptions[t] for t in tools}))
-    return dest
+    return toy_metatool(SAMPLE_DIR / "metatool", dest, tools=TOY_TOOLS, queries_per_tool=QUERIES_PER_TOOL)
 
 
 def toy_params(dest: Path) -> Path:

@@ -7,6 +7,7 @@ Query texts and tool names are copied byte for byte; only whole records are drop
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import shutil
@@ -166,3 +167,20 @@ so that `coevo data prepare stabletoolbench --source {out}` reads it like the fu
 - Rebuilt with: `{command}`
 """)
     return {"queries": total, "per_group": counts}
+
+
+def toy_metatool(source: Path, dest: Path, *, tools: int = 6, queries_per_tool: int = 8) -> Path:
+    """A MetaTool-format subset of ``source`` (a MetaTool folder): its first ``tools`` tools, the first
+    ``queries_per_tool`` queries of each; the toy project of the flow tests and of bench/staleness_table.py."""
+    descriptions = json.loads((source / "plugin_des.json").read_text())
+    with (source / "all_clean_data.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    names = list(dict.fromkeys(r["Tool"] for r in rows))[:tools]
+    keep = [r for t in names for r in [r for r in rows if r["Tool"] == t][:queries_per_tool]]
+    dest.mkdir(parents=True, exist_ok=True)
+    with (dest / "all_clean_data.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["Query", "Tool"])
+        writer.writeheader()
+        writer.writerows(keep)
+    (dest / "plugin_des.json").write_text(json.dumps({t: descriptions[t] for t in names}))
+    return dest
