@@ -310,8 +310,8 @@ def _signal_name(number: int) -> str:
 
 def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | set[str] = EMPTY_ON_PURPOSE,
          split: tuple[str, ...] | set[str] = SPLIT_BY_TEST, times_file: Path = TIMES_FILE) -> int:
-    """Every tests_dir/test_*.py in its own pytest process (cwd: tests_dir's parent), or one process per
-    top-level test for a file in ``split``; 1 if any failed."""
+    """Every tests_dir/test_*.py in its own pytest process (cwd: tests_dir's parent), or in the units of
+    :func:`split_units` for a file in ``split``; 1 if any failed."""
     timeout_s = timeout_from_env()
     jobs = jobs_from_env()
     record = os.environ.get(RECORD_ENV, "").strip() not in ("", "0")
