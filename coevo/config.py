@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Protocol, Union
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Protocol, Union
 
 import yaml
 from pydantic import (
@@ -1142,20 +1142,18 @@ def load_tree(
     return tree
 
 
-def load_params(
-    paths: str | Path | Sequence[str | Path] = "params.yaml", overrides: Sequence[str] | None = None,
-    *, method: str | None = None,
-) -> Params:
-    """Read, merge, override and validate params; raise ParamsError naming every bad key.
+class Resolved(NamedTuple):
+    """A run's params, read once: the validated :class:`Params` and the tree they were validated
+    from (files in order, then ``--set``; what a run logs as params.yaml and records for DVC)."""
 
-    ``paths``: one params file or several; each later file is deep-merged over the earlier
-    ones (an overlay such as params/demo.yaml). ``overrides``: ``key=value`` strings applied
-    last (``--set``). ``method``: the method about to run, whose section must be there (a
-    registered method's section is optional otherwise; the built-in three are always required).
-    """
-    files = _as_paths(paths)
-    source = " + ".join(str(p) for p in files)
-    tree = load_tree(files, overrides)
+    params: Params
+    tree: dict[str, Any]
+
+
+def params_from_tree(tree: Mapping[str, Any], *, source: str = "resolved params", method: str | None = None) -> Params:
+    """Validate an already resolved params tree (``load_tree``'s, or one a flow received as a plain
+    dict); raise ParamsError naming every bad key, ``source`` naming where the tree came from.
+    ``method``: as in :func:`load_params`."""
     try:
         params = Params.model_validate(tree)
     except ValidationError as exc:
@@ -1167,6 +1165,30 @@ def load_params(
         raise ParamsError(f"{source}: no `{method}:` section; method {method} reads its knobs there "
                           f"(`coevo params explain {method}` lists them)")
     return params
+
+
+def resolve_params(
+    paths: str | Path | Sequence[str | Path] = "params.yaml", overrides: Sequence[str] | None = None,
+    *, method: str | None = None,
+) -> Resolved:
+    """:func:`load_params` that also returns the resolved tree: read once, validate once."""
+    files = _as_paths(paths)
+    tree = load_tree(files, overrides)
+    return Resolved(params_from_tree(tree, source=" + ".join(str(p) for p in files), method=method), tree)
+
+
+def load_params(
+    paths: str | Path | Sequence[str | Path] = "params.yaml", overrides: Sequence[str] | None = None,
+    *, method: str | None = None,
+) -> Params:
+    """Read, merge, override and validate params; raise ParamsError naming every bad key.
+
+    ``paths``: one params file or several; each later file is deep-merged over the earlier
+    ones (an overlay such as params/demo.yaml). ``overrides``: ``key=value`` strings applied
+    last (``--set``). ``method``: the method about to run, whose section must be there (a
+    registered method's section is optional otherwise; the built-in three are always required).
+    """
+    return resolve_params(paths, overrides, method=method).params
 
 
 def _project_file() -> Path:

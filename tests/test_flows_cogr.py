@@ -181,10 +181,11 @@ def test_a_train_stage_handed_to_a_deployment_charts_its_steps_into_the_flows_ru
     runs_before = len(client.search_runs([experiment]))
     handed, window = {}, []
 
-    def deployment(name, params_path, overrides, live_run_id=None):
+    def deployment(name, params_path, overrides, live_run_id=None, resolved=None):
         handed.update(name=name, run_id=live_run_id)
         started = time.time() * 1000
-        coevo.orchestration.flow.run_pipeline("cogr", params_path, overrides, "train", live_run_id=live_run_id)
+        coevo.orchestration.flow.run_pipeline("cogr", params_path, overrides, "train", live_run_id=live_run_id,
+                                              resolved=resolved)
         window.extend([started, time.time() * 1000])
         handed["status"] = client.get_run(live_run_id).info.status
 

@@ -618,7 +618,9 @@ def test_coevo_train_is_a_running_mlflow_run_while_it_trains_and_killed_on_ctrl_
                                   text=True, timeout=300)
         assert prepared.returncode == 0, prepared.stdout + prepared.stderr
     started = phase_started(project, "01_query")
-    cli = start_cli(project, "train", "cogr", log="train.log")
+    # a query phase that outlasts the checks below (the toy's takes ~2 s: on a busy machine it could end, and log
+    # val at step 1, before MLflow answers); Ctrl-C ends it long before its 500 epochs
+    cli = start_cli(project, "train", "cogr", "--set", "cogr.grpo.query_epochs=500", log="train.log")
     wait_for(started, "phase 01_query to start", cli)
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("cogr").experiment_id])

@@ -40,7 +40,7 @@ from coevo.methods import SPECS  # noqa: E402 - names and help lines only; no me
 
 if TYPE_CHECKING:  # types only: importing them here would pull in heavy libraries or cycles
     from prefect import Flow
-    from coevo.config import Params
+    from coevo.config import Params, Resolved
     from coevo.methods.base import Method
     from coevo.orchestration.pipeline import Pipeline
 
@@ -220,19 +220,24 @@ def run_method(
     extra: dict[str, Any] | None = None,
     always: bool = False,
     state: RunState | None = None,
+    resolved: Resolved | None = None,
 ) -> dict[str, Any]:
     """Validate params, run the method's flow with progress (or report it up to date), print the table.
 
     Before any work: params, stage, tracking store and output folders are checked, and the
     run folder's lock is taken (a second run on the same method and data set fails at once).
+    The params are read once (here, or by the caller: ``resolved``, `coevo demo`'s), the Pipeline
+    built once, the lock taken once: the flow takes this run over (``handed_over``) and gets the
+    resolved tree as its `resolved` parameter (a plain dict, as a Prefect parameter must be).
     """
-    from coevo.config import load_params
+    from coevo.config import resolve_params
     from coevo.layout import Layout
     from coevo.orchestration.lock import run_lock
     from coevo.orchestration.pipeline import Pipeline, check_stage, wants
 
     state = state or RunState(method)
-    params = load_params(params_paths, overrides, method=method)  # bad params: fail here, before any work
+    # bad params: fail here, before any work
+    params, tree = resolved or resolve_params(params_paths, overrides, method=method)
     check_stage(stage)
     preflight(method, params, stage)
     started = time.perf_counter()
@@ -254,12 +259,31 @@ def run_method(
             flow_fn = load_flow(method)
             start_local_prefect()
             steps = state.steps = _RichSteps(log)
-            with progress.listening(steps), steps.progress:
+            with progress.listening(steps), steps.progress, _handing_over(method, stage, tree, params, pipe) as hand:
                 summary = flow_fn(params_path=[str(p) for p in params_paths], overrides=list(overrides),
-                                  stage=stage, **(extra or {}))
+                                  stage=stage, **hand(flow_fn), **(extra or {}))
             summary["seconds"] = time.perf_counter() - started
             print_summary(summary)
     return summary
+
+
+@contextlib.contextmanager
+def _handing_over(method: str, stage: str, tree: dict[str, Any], params: Params,
+                  pipe: Pipeline) -> Iterator[Any]:
+    """While the flow runs, the run prepared here is the flow's (coevo.orchestration.flow.handed_over);
+    yields ``hand(flow_fn)``: the flow's `resolved` argument, or none for a project's own flow that
+    takes no such parameter (that one reads the params files again)."""
+    import inspect
+
+    from coevo.orchestration.flow import PreparedRun, handed_over
+
+    def hand(flow_fn: Flow) -> dict[str, Any]:
+        parameters = inspect.signature(flow_fn.fn).parameters
+        takes = "resolved" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        return {"resolved": tree} if takes else {}
+
+    with handed_over(PreparedRun(method, stage, tree, params, pipe)):
+        yield hand
 
 
 @contextlib.contextmanager
@@ -417,14 +441,16 @@ def register_top_level(root: typer.Typer) -> None:
         (params.yaml overlaid with params/cpu.yaml and params/demo.yaml)."""
         state = RunState("cogr", command="demo")
         with run_errors(state, verbose):
-            from coevo.config import load_params
+            from coevo.config import resolve_params
             from coevo.runtime import describe_numerics, numerics
 
+            resolved = resolve_params(list(DEMO_PARAMS), list(overrides), method="cogr")  # read once, run with it
             # the numerics decide the figures (bf16 where the CPU has it, else fp32): say which up front
-            shown = describe_numerics(numerics(load_params(list(DEMO_PARAMS), list(overrides))))
+            shown = describe_numerics(numerics(resolved.params))
             console.print(f"[bold]coevo demo[/]: CoGR on data/sample/metatool with smollm2-135m on CPU, {shown}; "
                           "params.yaml + params/cpu.yaml + params/demo.yaml", soft_wrap=True)
-            summary = run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose, state=state)
+            summary = run_method("cogr", list(DEMO_PARAMS), list(overrides), "all", verbose, state=state,
+                                 resolved=resolved)
             audit = ("`dvc repro -f` re-runs every stage from records/cogr.yaml (its steps hit the cache by key), "
                      "`dvc status`, `dvc exp show`" if (summary.get("dvc") or {}).get("experiment") else
                      "`git init && dvc init`, then `coevo demo` again records the run for DVC")

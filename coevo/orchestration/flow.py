@@ -14,6 +14,7 @@ coevo.orchestration.pipeline and the library (coevo.methods).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -24,12 +25,12 @@ import yaml
 from prefect import Flow, flow, get_run_logger
 
 from coevo import progress, report
-from coevo.config import Params, load_params, load_tree
+from coevo.config import Params, load_tree, params_from_tree
 from coevo.io import write_json
 from coevo.layout import Layout
 from coevo.methods.base import MONITOR_SPLIT
 from coevo.orchestration.dvc_record import Record, RecordError, record_run
-from coevo.orchestration.lock import run_lock
+from coevo.orchestration.lock import holds, run_lock
 from coevo.orchestration.pipeline import ALL, Pipeline, check_stage, wants
 from coevo.orchestration.prefect_tasks import execute, fan_out
 from coevo.orchestration.publish import publish
@@ -49,53 +50,117 @@ def method_flow(method: str) -> Flow:
     @flow(name=method, description=spec.run_help)
     def pipeline_flow(params_path: str | list[str] = "params.yaml", overrides: list[str] | None = None,
                       stage: str = ALL, train_deployment: str | None = None,
-                      live_run_id: str | None = None) -> dict[str, Any]:
-        """The method end to end (or one DVC stage). `train_deployment` (e.g. "cogr/train-gpu") hands
+                      live_run_id: str | None = None, resolved: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The method end to end (or one DVC stage). `resolved` is the params tree already resolved
+        (the files, their overlays and --set, merged: `coevo run` passes what it read); without it
+        the flow reads `params_path` and `overrides`. `train_deployment` (e.g. "cogr/train-gpu") hands
         the train stage to a deployment on another work pool (the GPU pool) and waits for it; that
-        deployment's flow gets `live_run_id`, the MLflow run of this one, and charts its trainer
-        steps there while they train."""
+        deployment's flow gets this run's resolved params and `live_run_id`, the MLflow run of this
+        one, and charts its trainer steps there while they train."""
+        run = prepare_run(method, params_path, overrides, stage, resolved)
         train = None
         if train_deployment:
             def train(run_id: str | None) -> None:
-                train_elsewhere(train_deployment, params_path, overrides, live_run_id=run_id)
-        return run_pipeline(method, params_path, overrides, stage, train=train, live_run_id=live_run_id)
+                train_elsewhere(train_deployment, params_path, overrides, live_run_id=run_id, resolved=run.tree)
+        return run_pipeline(method, params_path, overrides, stage, train=train, live_run_id=live_run_id,
+                            resolved=run)
 
     return pipeline_flow
 
 
 def train_elsewhere(deployment: str, params_path: str | list[str], overrides: list[str] | None,
-                    live_run_id: str | None = None) -> None:
-    """Run the train stage as a flow run of `deployment` (e.g. on the GPU pool) and wait; its trainer
-    steps go to the MLflow run ``live_run_id`` while they train."""
+                    live_run_id: str | None = None, resolved: dict[str, Any] | None = None) -> None:
+    """Run the train stage as a flow run of `deployment` (e.g. on the GPU pool) and wait; it trains with
+    ``resolved`` (this run's params tree) when given, else with what it reads from ``params_path`` and
+    ``overrides``; its trainer steps go to the MLflow run ``live_run_id`` while they train."""
     from prefect.deployments import run_deployment
 
-    run = run_deployment(deployment, parameters={"params_path": params_path, "overrides": overrides or [],
-                                                 "stage": "train", "live_run_id": live_run_id})
+    parameters: dict[str, Any] = {"params_path": params_path, "overrides": overrides or [], "stage": "train",
+                                  "live_run_id": live_run_id}
+    if resolved is not None:
+        parameters["resolved"] = resolved
+    run = run_deployment(deployment, parameters=parameters)
     if not run.state or not run.state.is_completed():
         raise RuntimeError(f"train stage on deployment {deployment!r} ended "
                            f"{run.state.name if run.state else 'without a state'}")
 
 
-def run_pipeline(method: str, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
-                 train: Callable[[str | None], None] | None = None, live_run_id: str | None = None) -> dict[str, Any]:
+@dataclass
+class PreparedRun:
+    """One run's params, resolved once, and the pipeline built on them.
+
+    ``tree``: the params files, their overlays and ``--set``, merged, before validation (a plain
+    dict: what the run logs as params.yaml, records for DVC and hands to a deployment); ``params``:
+    its validation; ``pipe``: the one :class:`Pipeline` of the run; ``stage``: the stage it was checked
+    for. `coevo run` prepares its run before the flow starts (and holds the run folder's lock):
+    the flow it starts in this process takes that run over (:func:`handed_over`) instead of
+    resolving the same params again."""
+
+    method: str
+    stage: str
+    tree: dict[str, Any]
+    params: Params
+    pipe: Pipeline
+
+
+_handed: PreparedRun | None = None  # the run the CLI of this process prepared for the flow it starts
+
+
+@contextmanager
+def handed_over(run: PreparedRun) -> Iterator[PreparedRun]:
+    """For the block, a flow of this process started with ``run``'s method, stage and resolved tree
+    takes ``run`` over (its params, its Pipeline) instead of validating the tree again."""
+    global _handed
+    previous, _handed = _handed, run
+    try:
+        yield run
+    finally:
+        _handed = previous
+
+
+def prepare_run(method: str, params_path: str | Sequence[str] = "params.yaml", overrides: Sequence[str] | None = None,
+                stage: str = ALL, resolved: dict[str, Any] | None = None) -> PreparedRun:
+    """The params of a flow run, resolved once: the run handed over by the CLI of this process when
+    ``resolved`` is its tree, else ``resolved`` validated, else the files read (a deployment or `python
+    flows/<method>.py` has only their paths)."""
+    ready = _handed
+    if (resolved is not None and ready is not None and (ready.method, ready.stage) == (method, stage)
+            and ready.tree == resolved):
+        return ready
+    check_stage(stage)
+    if resolved is not None:
+        tree, source = resolved, "the resolved params given to the flow"
+    else:
+        paths = _paths(params_path)
+        tree, source = load_tree(paths, list(overrides or [])), " + ".join(str(p) for p in paths)
+    params = params_from_tree(tree, source=source, method=method)
+    return PreparedRun(method, stage, tree, params, Pipeline(method, params))
+
+
+def run_pipeline(method: str, params_path: str | Sequence[str] = "params.yaml", overrides: Sequence[str] | None = None,
+                 stage: str = ALL, train: Callable[[str | None], None] | None = None, live_run_id: str | None = None,
+                 resolved: dict[str, Any] | PreparedRun | None = None) -> dict[str, Any]:
     """Run ``stage`` of ``method``'s pipeline; ``train`` replaces the train stage (e.g. a GPU deployment:
     it is given the id of this flow's MLflow run); ``live_run_id`` is the run of the flow that handed
-    this one its train stage, where the trainer steps are charted while they train.
+    this one its train stage, where the trainer steps are charted while they train. The params:
+    ``resolved`` (a prepared run, or a resolved tree), else ``params_path`` and ``overrides`` read
+    (:func:`prepare_run`).
 
-    The flow holds the lock of its method's run folder while it runs (coevo.orchestration.lock; the CLI
-    that started it may hold it already: the lock nests), so a flow started by `dvc repro` or a
-    deployment is refused like a second CLI."""
-    params = load_params(params_path, list(overrides or []), method=method)  # parsed once per flow run
-    check_stage(stage)
-    with run_lock(Layout.of(params, method).run_dir, f"{method} flow"):
-        return _run(method, params, params_path, overrides, stage, train, live_run_id)
+    The flow holds the lock of its method's run folder while it runs (coevo.orchestration.lock), so a
+    flow started by a deployment is refused like a second CLI; when this process holds the lock
+    already (the `coevo run` that started the flow took it before any work), the flow runs under it."""
+    run = resolved if isinstance(resolved, PreparedRun) else prepare_run(method, params_path, overrides, stage,
+                                                                         resolved)
+    run_dir = run.pipe.layout.run_dir
+    with contextlib.nullcontext() if holds(run_dir) else run_lock(run_dir, f"{method} flow"):
+        return _run(run, stage, train, live_run_id)
 
 
-def _run(method: str, params: Params, params_path: str | Sequence[str], overrides: Sequence[str] | None, stage: str,
-         train: Callable[[str | None], None] | None, live_run_id: str | None = None) -> dict[str, Any]:
+def _run(run: PreparedRun, stage: str, train: Callable[[str | None], None] | None,
+         live_run_id: str | None = None) -> dict[str, Any]:
+    params, pipe = run.params, run.pipe
     if wants(stage, "evaluate"):
         check_reachable(params.tracking.uri)  # fail now, not after an hour of training
-    pipe = Pipeline(method, params)
     lay = pipe.layout
     progress.plan(sum(wants(stage, s) for s in ("prepare", "validate")) + wants(stage, "train") * pipe.phase_count()
                   + wants(stage, "evaluate") * pipe.evaluate_step_count(), f"{pipe.method_cls.title} on {lay.dataset}")
@@ -116,15 +181,15 @@ def _run(method: str, params: Params, params_path: str | Sequence[str], override
                  experiment=pipe.name, system_metrics_s=params.tracking.system_metrics_s) as tracker:
         tracker.log_params(params.flat())
         tracker.set_tags({**_tags(pipe), "coevo.stage": stage})
-        resolved = load_tree(_paths(params_path), list(overrides or []))  # as parsed above, before validation
-        tracker.log_text(yaml.safe_dump(resolved, sort_keys=False), "params.yaml")  # one file, besides the params
+        # the resolved tree (before validation) as one file, besides the params
+        tracker.log_text(yaml.safe_dump(run.tree, sort_keys=False), "params.yaml")
         live = LiveSeries(tracker)
         _data(pipe, stage)
         tracker.log_input(pipe.layout.processed, name=pipe.layout.dataset, digest=fingerprint(pipe.layout.processed))
         with progress.listening(LiveSteps(tracker)):  # each trainer step as it is logged
             _train(pipe, stage, train, live)
         # a whole run leaves its DVC record (its resolved params); a single stage is DVC's to record
-        return evaluate(pipe, tracker, live, resolved=resolved if stage == ALL else None, stage=stage)
+        return evaluate(pipe, tracker, live, resolved=run.tree if stage == ALL else None, stage=stage)
 
 
 @dataclass(frozen=True)
@@ -137,13 +202,15 @@ class TrainingRun:
 
 @contextmanager
 def training_run(method: Method, params: Params, params_path: str | Sequence[str], overrides: Sequence[str] | None,
-                 data_dir: Path) -> Iterator[TrainingRun]:
+                 data_dir: Path, resolved: dict[str, Any] | None = None) -> Iterator[TrainingRun]:
     """The MLflow run of `coevo train`: the train stage only, so no evaluation, model or registry.
 
     It opens before the first phase with what `coevo run`'s run opens with (params and numerics
     tags, params.yaml, the data set as input), charts each trainer step while it trains
     (``live/*``), and logs each phase's val metrics when the caller calls ``phase_done`` (after
-    every phase). It ends FINISHED, FAILED, or KILLED on Ctrl-C, like `coevo run`'s."""
+    every phase). It ends FINISHED, FAILED, or KILLED on Ctrl-C, like `coevo run`'s. ``resolved``: the
+    params tree ``params`` were validated from (``coevo.config.resolve_params``); without it the files
+    are read again for the run's params.yaml."""
     pipe = Pipeline(method.name, params)
     name = run_name(pipe.name, f"{pipe.layout.dataset}-train")  # <method>-<dataset>-train-<UTC date>
     with Tracker(uri=params.tracking.uri, artifact_root=params.tracking.artifact_root, experiment=pipe.name,
@@ -151,7 +218,8 @@ def training_run(method: Method, params: Params, params_path: str | Sequence[str
         tracker.log_params(params.flat())
         tracker.set_tags({**_tags(pipe, (data_dir, method.run_dir)), "coevo.stage": "train",
                           "coevo.command": "coevo train"})
-        resolved = load_tree(_paths(params_path), list(overrides or []))
+        if resolved is None:
+            resolved = load_tree(_paths(params_path), list(overrides or []))
         tracker.log_text(yaml.safe_dump(resolved, sort_keys=False), "params.yaml")
         tracker.log_input(data_dir, name=pipe.layout.dataset, digest=fingerprint(data_dir))
         live = LiveSeries(tracker)

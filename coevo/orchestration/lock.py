@@ -7,8 +7,10 @@ is simply taken over. Who holds it (pid, host, start time, command) is written, 
 lock is taken, to the sidecar ``<run_dir>.lock.json``; a second run reads it to name the
 holder in its error.
 
-Within one process the lock is reentrant (``coevo run`` takes it in the CLI and again in the
-flow it starts), and it is held until the outermost ``with`` ends.
+Within one process the lock is reentrant, and it is held until the outermost ``with`` ends.
+``coevo run`` takes it once, in the CLI before any work; the flow it starts runs under it (a
+flow takes the lock itself only when its process does not hold it: a deployment, ``python
+flows/<method>.py``).
 """
 
 from __future__ import annotations
