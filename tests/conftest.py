@@ -110,11 +110,48 @@ def dvc_repo(root: Path, prefect_api_url: str) -> dict[str, str]:
     return env
 
 
+SHARED_PREFECT_ENV = "COEVO_TEST_PREFECT_API_URL"  # set by tests/run_by_file.py: its job slot's server
+
+
+def shared_prefect_api(timeout_s: float = 180.0) -> str | None:
+    """The API URL of the Prefect server tests/run_by_file.py started for this job slot, once it
+    answers; None when the tests run without one (plain pytest): then each flow starts its own."""
+    import time
+    import urllib.request
+
+    url = os.environ.get(SHARED_PREFECT_ENV)
+    if not url:
+        return None
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as answer:
+                if answer.status == 200:
+                    return url
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{SHARED_PREFECT_ENV}={url}: no answer from the job slot's Prefect server "
+                               f"after {timeout_s:.0f}s (its log: the run's prefect-server-*.log)")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
-    """One Prefect test server for every flow test of the session (each start costs ~15 s)."""
+    """One Prefect server for every flow test of the session (each start costs ~15 s): the job slot's
+    (tests/run_by_file.py), else a test server of this session's own."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls from tests
+    import prefect.context
+    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
+
+    shared = shared_prefect_api()
+    if shared:
+        # as prefect_test_harness does: the settings of this context and of the process (threads)
+        with temporary_settings(updates={PREFECT_API_URL: shared}), \
+                prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+            yield shared
+        return
 
     with prefect_test_harness(server_startup_timeout=None):
         from prefect.server.api.server import SubprocessASGIServer

@@ -37,8 +37,12 @@ The longest units start first (their seconds as measured in ``tests/times.json``
 measured yet starts after them, by name), so that no long unit starts last and ends the run
 alone. ``COEVO_TEST_RECORD_TIMES=1`` writes the seconds of the units the run measured back to that
 file (a unit the ``-m``/``-k`` filter deselected whole keeps its last figure).
-With more than one job, each job slot has its own ``PREFECT_HOME`` (a temporary folder):
-two ephemeral Prefect servers on one SQLite database lock each other out.
+Each job slot has its own ``PREFECT_HOME`` (a temporary folder: two Prefect servers on one SQLite
+database lock each other out) and its own Prefect server, started once at the beginning
+(``prefect server start``) and named to the slot's tests by ``COEVO_TEST_PREFECT_API_URL``: a
+flow test points its flows and commands at it (``conftest.shared_prefect_api``) instead of starting
+a server of its own (~15 s each on 2 cores, and some files start dozens). A test about the
+server a command starts for itself (Ctrl-C and kill leave none behind) keeps its own.
 
 Ctrl-C stops the running files (SIGINT to their process groups, SIGKILL after 10 s) and the run.
 """
@@ -46,6 +50,7 @@ Ctrl-C stops the running files (SIGINT to their process groups, SIGKILL after 10
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
@@ -55,6 +60,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +77,7 @@ SPLIT_BY_TEST = ("test_bench_smoke.py", "test_hardening.py", "test_terminal.py",
 # Seconds per unit measured by a whole run (COEVO_TEST_RECORD_TIMES=1): the longest start first.
 TIMES_FILE = TESTS / "times.json"
 RECORD_ENV = "COEVO_TEST_RECORD_TIMES"
+PREFECT_API_ENV = "COEVO_TEST_PREFECT_API_URL"  # the slot's Prefect server (conftest.shared_prefect_api)
 # Test files that are meant to collect no tests (pytest exit status 5 is then a pass), by file
 # name, e.g. "test_placeholder.py". Any other file that collects nothing fails.
 EMPTY_ON_PURPOSE: tuple[str, ...] = ()
@@ -308,10 +315,48 @@ def _signal_name(number: int) -> str:
         return str(number)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def prefect_servers(envs: list[dict[str, str]], scratch: Path) -> Iterator[None]:
+    """A Prefect server per job slot, in the slot's PREFECT_HOME, for the whole run: each env gets its
+    URL as ``COEVO_TEST_PREFECT_API_URL`` (the tests wait until it answers). No services or UI: the
+    flows need the API only, as with the ephemeral server a command starts for itself."""
+    prefect = Path(sys.executable).parent / "prefect"
+    procs: list[subprocess.Popen] = []
+    logs = []
+    try:
+        for i, env in enumerate(envs):
+            if not prefect.exists():  # not run from the environment's Python: each test starts its own
+                break
+            port = _free_port()
+            env[PREFECT_API_ENV] = f"http://127.0.0.1:{port}/api"
+            log = open(scratch / f"prefect-server-{i}.log", "w")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-services",
+                 "--no-ui"], env={**env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True))
+        yield
+    finally:
+        for proc in procs:
+            _stop_group(proc, signal.SIGTERM, GRACE_S)
+        for log in logs:
+            log.close()
+
+
 def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | set[str] = EMPTY_ON_PURPOSE,
-         split: tuple[str, ...] | set[str] = SPLIT_BY_TEST, times_file: Path = TIMES_FILE) -> int:
+         split: tuple[str, ...] | set[str] = SPLIT_BY_TEST, times_file: Path = TIMES_FILE,
+         servers: bool = True) -> int:
     """Every tests_dir/test_*.py in its own pytest process (cwd: tests_dir's parent), or in the units of
-    :func:`split_units` for a file in ``split``; 1 if any failed."""
+    :func:`split_units` for a file in ``split``; 1 if any failed. ``servers``: a Prefect server per job
+    slot (:func:`prefect_servers`)."""
     timeout_s = timeout_from_env()
     jobs = jobs_from_env()
     record = os.environ.get(RECORD_ENV, "").strip() not in ("", "0")
@@ -323,9 +368,10 @@ def main(args: list[str], tests_dir: Path = TESTS, empty_ok: tuple[str, ...] | s
     started = time.perf_counter()
     print_lock = threading.Lock()
 
-    with tempfile.TemporaryDirectory(prefix="coevo-tests-") as scratch:
-        slots = [None] if jobs == 1 else [{**os.environ, "PREFECT_HOME": str(Path(scratch) / f"prefect-home-{i}")}
-                                          for i in range(jobs)]
+    with tempfile.TemporaryDirectory(prefix="coevo-tests-") as scratch, contextlib.ExitStack() as stack:
+        slots = [{**os.environ, "PREFECT_HOME": str(Path(scratch) / f"prefect-home-{i}")} for i in range(jobs)]
+        if servers:
+            stack.enter_context(prefect_servers(slots, Path(scratch)))
         free_slots = list(range(len(slots)))
 
         def one_file(unit: Unit) -> None:

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from coevo.cli import app
 from coevo.cli.common import one_line, user_errors
-from conftest import REPO_ROOT, SAMPLE_DIR, make_project
+from conftest import REPO_ROOT, SAMPLE_DIR, make_project, shared_prefect_api
 
 runner = CliRunner()
 COEVO = str(Path(sys.executable).parent / "coevo")
@@ -47,16 +47,21 @@ def invoke(*args: str):
 
 
 # --------------------------------------------------------------------------- subprocess helpers
-def cli_env(project: Path) -> dict[str, str]:
+def cli_env(project: Path, own_prefect: bool = False) -> dict[str, str]:
+    """A user's environment in ``project``; flows go to the job slot's Prefect server when there is one,
+    unless ``own_prefect``: the command starts its own, as a user's does (what the interrupt tests watch)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(project / ".prefect_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENIZERS_PARALLELISM="false", COLUMNS="200")
+    shared = None if own_prefect else shared_prefect_api()
+    if shared:
+        env["PREFECT_API_URL"] = shared
     return env
 
 
-def start_cli(project: Path, *args: str, log: str = "cli.log") -> subprocess.Popen:
+def start_cli(project: Path, *args: str, log: str = "cli.log", own_prefect: bool = False) -> subprocess.Popen:
     """`coevo ...` in ``project``, in a session of its own (a terminal's Ctrl-C goes to its group)."""
-    return subprocess.Popen([COEVO, *args], cwd=project, env=cli_env(project), start_new_session=True,
+    return subprocess.Popen([COEVO, *args], cwd=project, env=cli_env(project, own_prefect), start_new_session=True,
                             stdout=open(project / log, "w"), stderr=subprocess.STDOUT)
 
 
@@ -113,7 +118,7 @@ def wait_gone(procs: list[psutil.Process], timeout: float = 10.0) -> list[psutil
 def interrupt_during(project: Path, phase: str, sig: int, delay: float) -> dict:
     """Start `coevo run cogr`, send ``sig`` once ``phase`` runs; return exit code, seconds, output, survivors."""
     started = phase_started(project, phase)
-    cli = start_cli(project, "run", "cogr", log=f"{phase}.log")
+    cli = start_cli(project, "run", "cogr", log=f"{phase}.log", own_prefect=True)
     wait_for(started, f"phase {phase} to start", cli)
     time.sleep(delay)
     children = psutil.Process(cli.pid).children(recursive=True)
@@ -224,7 +229,7 @@ def test_ctrl_c_and_kill_stop_cleanly_and_the_resumed_run_equals_an_uninterrupte
 
     # SIGKILL of the CLI: its local Prefect server (and every other child) still goes, within 10 s.
     started = phase_started(project, "02_item")
-    cli = start_cli(project, "run", "cogr", log="kill.log")
+    cli = start_cli(project, "run", "cogr", log="kill.log", own_prefect=True)
     wait_for(started, "phase 02_item to start", cli)
     children = psutil.Process(cli.pid).children(recursive=True)
     servers = [p for p in children if "uvicorn" in " ".join(p.cmdline())]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def test_crashed_and_timed_out_files_count_as_failed_by_name(tmp_path, monkeypat
     monkeypatch.setenv(run_by_file.TIMEOUT_ENV, str(TIMEOUT_S))
     monkeypatch.setenv(run_by_file.JOBS_ENV, "2")  # two at a time: a hanging file does not hold up the others
     tests = _tests_dir(tmp_path, FILES)
-    rc = run_by_file.main(["-p", "no:cacheprovider"], tests_dir=tests, empty_ok={"test_e_empty.py"})
+    rc = run_by_file.main(["-p", "no:cacheprovider"], tests_dir=tests, empty_ok={"test_e_empty.py"}, servers=False)
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 1
     assert lines[-1] == (
@@ -79,33 +80,48 @@ def test_all_passing_and_deselected_files_pass(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(run_by_file.JOBS_ENV, "1")
     tests = _tests_dir(tmp_path, {"test_a_pass.py": FILES["test_a_pass.py"],
                                   "test_h_other.py": "def test_other(): pass\n"})
-    assert run_by_file.main(["-p", "no:cacheprovider", "-k", "one or skipped"], tests_dir=tests) == 0
+    assert run_by_file.main(["-p", "no:cacheprovider", "-k", "one or skipped"], tests_dir=tests, servers=False) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[1].startswith("test_h_other.py: ")  # one at a time: in name order
     assert "1 deselected" in lines[1] and lines[1].endswith("(rc=5)")  # -k chose none of its tests
     assert lines[-1] == "1 passed, 0 failed, 1 skipped"
 
 
-def test_files_running_together_have_a_prefect_home_each(tmp_path, monkeypatch, capsys):
-    """Two ephemeral Prefect servers on one SQLite database lock each other out: with 2 jobs, the two
-    files that run at the same time (each waits until the other has started) see two homes."""
+def test_files_running_together_have_a_prefect_home_and_server_each(tmp_path, monkeypatch, capsys):
+    """Two Prefect servers on one SQLite database lock each other out: with 2 jobs, the two files that
+    run at the same time (each waits until the other has started) see two homes, and two servers
+    (one per slot, started once by the runner) that answer; the runner stops them at the end."""
     seen = tmp_path / "seen"
     seen.mkdir()
     body = textwrap.dedent(f"""
-        import os, pathlib, time
+        import json, os, pathlib, time, urllib.request
         def test_home():
             seen = pathlib.Path({str(seen)!r})
-            (seen / pathlib.Path(__file__).name).write_text(os.environ.get("PREFECT_HOME", ""))
+            url = os.environ[{run_by_file.PREFECT_API_ENV!r}]
+            (seen / pathlib.Path(__file__).name).write_text(json.dumps([os.environ.get("PREFECT_HOME", ""), url]))
             deadline = time.time() + 30
             while len(list(seen.iterdir())) < 2 and time.time() < deadline:
                 time.sleep(0.1)
             assert len(list(seen.iterdir())) == 2, "the other file did not run at the same time"
+            deadline = time.time() + 180
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=5) as answer:
+                        assert answer.status == 200
+                        break
+                except OSError:
+                    assert time.time() < deadline, url + " never answered"
+                    time.sleep(0.5)
     """)
     monkeypatch.setenv(run_by_file.JOBS_ENV, "2")
     tests = _tests_dir(tmp_path, {"test_x.py": body, "test_y.py": body})
     assert run_by_file.main(["-p", "no:cacheprovider"], tests_dir=tests) == 0, capsys.readouterr().out
-    homes = {path.read_text() for path in seen.iterdir()}
-    assert len(homes) == 2 and all(Path(home).name.startswith("prefect-home-") for home in homes), homes
+    homes, urls = zip(*(json.loads(path.read_text()) for path in seen.iterdir()))
+    assert len(set(homes)) == 2 and all(Path(home).name.startswith("prefect-home-") for home in homes), homes
+    assert len(set(urls)) == 2, urls
+    for url in urls:  # stopped with the run
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/health", timeout=5)
     assert capsys.readouterr().out.strip().splitlines()[-1] == "2 passed, 0 failed, 0 skipped"
 
 
@@ -158,7 +174,8 @@ def test_split_files_run_in_units_and_the_longest_units_start_first(tmp_path, mo
     monkeypatch.setenv(run_by_file.RECORD_ENV, "1")
     times_file = tmp_path / "times.json"
     times_file.write_text(json.dumps(times))
-    rc = run_by_file.main(["-p", "no:cacheprovider"], tests_dir=tests, split={"test_s_split.py"}, times_file=times_file)
+    rc = run_by_file.main(["-p", "no:cacheprovider"], tests_dir=tests, split={"test_s_split.py"}, times_file=times_file,
+                          servers=False)
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 1 and lines[-1] == "7 passed, 1 failed, 1 skipped; failing: test_b_fail.py (1 failed)"
     ran = [line.split(": ", 1)[0] for line in lines if line.startswith("test_")]
@@ -168,7 +185,7 @@ def test_split_files_run_in_units_and_the_longest_units_start_first(tmp_path, mo
     assert sorted(recorded) == sorted(order) and all(v > 0 for v in recorded.values())  # gone.py dropped
     # a filtered run measures only what it ran: units it deselected whole keep their figure
     run_by_file.main(["-p", "no:cacheprovider", "-k", "other"], tests_dir=tests, split={"test_s_split.py"},
-                     times_file=times_file)
+                     times_file=times_file, servers=False)
     again = json.loads(times_file.read_text())
     assert {k for k in again if again[k] != recorded[k]} <= {"test_h_other.py"} and sorted(again) == sorted(order)
 

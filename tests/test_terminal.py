@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_project
+from conftest import make_project, shared_prefect_api
 
 COEVO = str(Path(sys.executable).parent / "coevo")
 
@@ -72,10 +72,15 @@ def test_an_exception_leaving_the_block_is_logged_with_its_traceback(tmp_path):
 
 
 # ------------------------------------------------------------------ the real CLI, tiny model
-def cli(project: Path, *args: str) -> subprocess.CompletedProcess:
+def cli(project: Path, *args: str, own_prefect: bool = False) -> subprocess.CompletedProcess:
+    """`coevo ...` as a user runs it; flows go to the job slot's Prefect server when there is one, unless
+    ``own_prefect``: the command starts its own, whose output must stay off the screen too."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "COEVO_VERBOSE"))}
     env.update(PREFECT_HOME=str(project / ".prefect_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENIZERS_PARALLELISM="false", COLUMNS="200")
+    shared = None if own_prefect else shared_prefect_api()
+    if shared:
+        env["PREFECT_API_URL"] = shared
     return subprocess.run([COEVO, *args], cwd=project, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -86,7 +91,7 @@ LOG_LINE = re.compile(r"^library output: (logs/coevo-run-cogr-\d{8}-\d{6}(-\d+)?
 @pytest.mark.slow
 def test_coevo_run_shows_steps_table_and_url_and_logs_the_library_output(tmp_path):
     project = make_project(tmp_path / "p")
-    proc = cli(project, "run", "cogr")
+    proc = cli(project, "run", "cogr", own_prefect=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     screen = proc.stdout + proc.stderr
     assert not [n for n in NOISE if n in screen], screen
