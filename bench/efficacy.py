@@ -188,7 +188,15 @@ def phase_line(record: dict[str, Any], headline: str, seconds: float) -> str:
     if train.get("reward_first") is not None:
         parts.append(f"reward {train['reward_first']:+.3f} -> {train['reward_last']:+.3f}")
         parts.append(f"zero-std groups {train.get('frac_reward_zero_std') or 0:.2f}")
+        if train.get("groups_solved_in_none_share") is not None:  # where the signal went (train_grpo)
+            solved_all = train.get("groups_solved_in_all_share")
+            parts.append(f"groups solved in none {train['groups_solved_in_none_share']:.2f}"
+                         + (f", in all {solved_all:.2f}" if solved_all is not None else ""))
         parts.append(f"{train.get('steps', 0)} steps of {train.get('step_seconds') or 0:.1f}s")
+        if train.get("rollouts_per_min"):
+            share = train.get("generation_share")
+            parts.append(f"{train['rollouts_per_min']:.0f} rollouts/min"
+                         + (f", {share:.0%} of it sampling" if share is not None else ""))
     return ", ".join(parts)
 
 

@@ -97,3 +97,16 @@ def test_a_phase_starts_only_when_the_last_one_of_its_kind_says_it_fits(efficacy
     clock.now, ran[:] = 0.0, []
     done, why = efficacy.train_within(pipe, 50, 0.0, term, "f1")  # the first phase always runs
     assert done == ["seed", "00_sft"] and why == "budget spent before 01_query"
+
+
+def test_a_grpo_phase_line_says_where_its_signal_went(efficacy):
+    record = {"name": "01_query", "eval": {"f1": 0.5123},
+              "train": {"reward_first": 0.1, "reward_last": 0.3, "frac_reward_zero_std": 0.625, "steps": 16,
+                        "step_seconds": 12.0, "groups_solved_in_none_share": 0.25, "groups_solved_in_all_share": 0.375,
+                        "rollouts_per_min": 41.6, "generation_share": 0.71}}
+    assert efficacy.phase_line(record, "f1", 300.0) == (
+        "01_query: 5.0 min, val f1=0.5123, reward +0.100 -> +0.300, zero-std groups 0.62, "
+        "groups solved in none 0.25, in all 0.38, 16 steps of 12.0s, 42 rollouts/min, 71% of it sampling")
+    del record["train"]["groups_solved_in_all_share"], record["train"]["generation_share"]
+    assert efficacy.phase_line(record, "f1", 300.0).endswith(
+        "groups solved in none 0.25, 16 steps of 12.0s, 42 rollouts/min")

@@ -54,19 +54,43 @@ def test_grpo_trains_and_passes_columns_to_the_reward(tmp_path):
     torch.set_num_threads(1)
     gen = Generator.create("tiny", section("cogr.lora", r=4, alpha=8), seed=0, corpus=CORPUS)
     seen: list[str] = []
+    groups: list[tuple[float, ...]] = []
 
     def reward(completions: list[str], query_id: list[str]) -> list[float]:
         seen.extend(query_id)
-        return [float(len(c) % 5) for c in completions]  # varies within a group: non-zero advantages
+        values = [float(len(c) % 5) for c in completions]  # varies within a group: non-zero advantages
+        assert query_id[0::2] == query_id[1::2]  # a prompt's 2 completions are consecutive (GroupOutcomes)
+        groups.extend(zip(values[0::2], values[1::2]))
+        return values
 
     rows = [{"prompt": query_messages(f"query {i}"), "query_id": f"q{i}"} for i in range(4)]
     before = _trainable_snapshot(gen)
     params = section("cogr.grpo", num_generations=2, batch_size=4, learning_rate=1e-2, max_completion_length=6)
-    result = train_grpo(gen, rows, reward, params, tmp_path, seed=0)
+    result = train_grpo(gen, rows, reward, params, tmp_path, seed=0, solved_at=4.0)
     assert result["steps"] == 2  # 4 prompts x 2 completions / 4 per step
     assert set(seen) == {"q0", "q1", "q2", "q3"} and len(seen) == 8
     assert result["reward_mean"] is not None and result["kl"] == 0.0  # beta 0: no reference model
     assert _changed(before, gen)
+    # where the signal went, group by group, as the reward saw the groups
+    assert result["groups"] == len(groups) == 4
+    assert result["groups_zero_std_share"] == sum(a == b for a, b in groups) / 4
+    assert result["groups_solved_in_none_share"] == sum(max(g) <= 0 for g in groups) / 4
+    assert result["groups_solved_in_all_share"] == sum(min(g) >= 4.0 for g in groups) / 4
+    assert result["rollouts_per_min"] == pytest.approx(8 / result["seconds"] * 60)
+    assert 0.0 < result["generation_share"] < 1.0
+
+
+def test_group_outcomes_count_each_prompts_group():
+    from coevo.train.grpo import GroupOutcomes
+
+    outcomes = GroupOutcomes(size=3, solved_at=1.0)
+    outcomes.add([1.0, 1.0, 1.0, 0.0, 0.0, -1.0])  # solved in every sample; in none (and not zero-std)
+    outcomes.add([0.5, 0.5, 0.5])  # zero std, neither
+    outcomes.add([1.0, 0.2])  # a slice that splits a group: counted as completions only
+    assert outcomes.summary() == {"groups": 3, "groups_zero_std_share": 2 / 3, "groups_solved_in_none_share": 1 / 3,
+                                  "groups_solved_in_all_share": 1 / 3}
+    assert outcomes.completions == 11
+    assert GroupOutcomes(size=2).summary()["groups_solved_in_all_share"] is None  # no notion of solved
 
 
 def test_grpo_input_errors_come_before_training(tmp_path):

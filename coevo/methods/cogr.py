@@ -565,6 +565,7 @@ class CoGR(Method):
                 use_vllm=self.use_vllm,
                 what=f"phase {spec.name}",
                 knob="cogr.grpo",
+                solved_at=1.0 if spec.kind == QUERY else None,  # query reward: set F1 (item side: a marginal gain)
             )
         train_metrics = {**result, "prompts": len(rows), "kmax_budget_tokens": needed}
         changed = (QUERY, ITEM) if self.cfg.shared_generator else (spec.kind,)

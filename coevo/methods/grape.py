@@ -518,6 +518,7 @@ class Grape(Method):
             self.run_dir / "train", self.seed, max_steps=self.cfg.grpo.steps,
             temperature=self.cfg.sampling.temperature, top_p=self.cfg.sampling.top_p,
             callbacks=[self._monitor_callback(generator, monitor_split)], what="GRAPE GRPO", knob="grape.grpo",
+            solved_at=1.0,  # the relevant item ranked first (rank and reciprocal-rank rewards alike)
         )
         generator.save(self.generator_dir)
         return summary

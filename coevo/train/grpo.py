@@ -18,6 +18,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,47 @@ log = logging.getLogger(__name__)
 RewardFn = Callable[..., Sequence[float]]
 
 
-def wrap_reward(reward_fn: RewardFn, columns: Sequence[str]) -> Callable[..., list[float]]:
-    """Adapt ``reward_fn(completions, **columns)`` to TRL's reward-function calling convention."""
+@dataclass
+class GroupOutcomes:
+    """Where a phase's reward signal goes, group by group (a group: the ``size`` completions of one
+    prompt, consecutive in each reward call as TRL's sampler repeats a prompt). A group whose
+    rewards are all equal teaches nothing (zero advantage); ``solved_at``: the reward of a
+    completely right completion (CoGR's query side: F1 = 1), so a group at it in every sample is a
+    prompt the policy already solves; a group at or below 0 in every sample, one it solves in none."""
+
+    size: int
+    solved_at: float | None = None
+    groups: int = 0
+    zero_std: int = 0
+    all_solved: int = 0
+    none_scored: int = 0
+    completions: int = 0
+
+    def add(self, values: Sequence[float]) -> None:
+        self.completions += len(values)
+        if self.size < 2 or len(values) % self.size:  # a slice that splits groups (several processes)
+            return
+        for start in range(0, len(values), self.size):
+            group = values[start:start + self.size]
+            self.groups += 1
+            self.zero_std += max(group) == min(group)
+            self.none_scored += max(group) <= 0.0
+            if self.solved_at is not None:
+                self.all_solved += min(group) >= self.solved_at
+
+    def summary(self) -> dict[str, float | None]:
+        def share(count: int) -> float | None:
+            return count / self.groups if self.groups else None
+
+        return {"groups": self.groups, "groups_zero_std_share": share(self.zero_std),
+                "groups_solved_in_none_share": share(self.none_scored),
+                "groups_solved_in_all_share": share(self.all_solved) if self.solved_at is not None else None}
+
+
+def wrap_reward(reward_fn: RewardFn, columns: Sequence[str],
+                outcomes: GroupOutcomes | None = None) -> Callable[..., list[float]]:
+    """Adapt ``reward_fn(completions, **columns)`` to TRL's reward-function calling convention;
+    ``outcomes`` records each call's groups."""
 
     def reward(prompts, completions, **kwargs) -> list[float]:  # noqa: ARG001 - TRL passes prompts
         texts = [completion_text(c) for c in completions]
@@ -48,6 +88,8 @@ def wrap_reward(reward_fn: RewardFn, columns: Sequence[str]) -> Callable[..., li
         values = [float(v) for v in values]
         if len(values) != len(texts):
             raise ValueError(f"reward function returned {len(values)} values for {len(texts)} completions")
+        if outcomes is not None:
+            outcomes.add(values)
         return values
 
     reward.__name__ = getattr(reward_fn, "__name__", type(reward_fn).__name__)
@@ -110,6 +152,7 @@ def train_grpo(
     callbacks: Sequence[Any] = (),
     what: str = "GRPO",
     knob: str | None = None,
+    solved_at: float | None = None,
     **config_overrides: Any,
 ) -> dict[str, Any]:
     """Train ``generator.model`` in place with GRPO; return a metrics summary.
@@ -119,7 +162,10 @@ def train_grpo(
     steps), ``reward_first``/``reward_last``, ``kl`` (0 when ``beta == 0``: no reference
     model is kept), ``steps``, ``seconds``, ``step_seconds``, ``completion_length`` and
     ``curve`` (:func:`learning_curve`: the per-step reward, its std, the share of zero-variance
-    groups, KL, loss and step time).
+    groups, KL, loss and step time), and where the signal went (:class:`GroupOutcomes`, with
+    ``solved_at`` the reward of a completely right completion): the shares of groups with zero
+    reward variance, solved in no sample and in every sample, ``rollouts_per_min`` (completions
+    scored per minute of training) and ``generation_share`` (the share of it spent sampling).
 
     A NaN or infinite loss, gradient norm or weight (or NaN sampling probabilities) stops
     training with :class:`~coevo.train.common.NonFiniteTraining` naming ``what`` (the phase),
@@ -155,15 +201,17 @@ def train_grpo(
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
     guard = {"what": what, "out_dir": out_dir, "knob": knob, "learning_rate": params.learning_rate}
+    outcomes = GroupOutcomes(size=config.num_generations, solved_at=solved_at)
     with seeded(seed):
         trainer = GRPOTrainer(
             model=generator.model,
-            reward_funcs=wrap_reward(reward_fn, columns),
+            reward_funcs=wrap_reward(reward_fn, columns, outcomes),
             args=config,
             train_dataset=dataset,
             processing_class=generator.tokenizer,
             callbacks=[*callbacks, *step_callbacks(**guard)],
         )
+        sampling = _time_generation(trainer)
         try:
             trainer.train()
         except RuntimeError as exc:
@@ -200,8 +248,33 @@ def train_grpo(
         "tokens_per_s": (completion_length * params.batch_size * trainer.args.gradient_accumulation_steps / step_seconds)
         if completion_length and step_seconds else None,
         "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        **outcomes.summary(),
+        "rollouts_per_min": outcomes.completions / seconds * 60 if seconds else None,
+        "generation_share": sampling["seconds"] / seconds if seconds and sampling["calls"] else None,
         "curve": learning_curve(history),
     }
+
+
+def _time_generation(trainer: Any) -> dict[str, float]:
+    """Seconds the trainer spends sampling completions, summed over its calls. TRL times its
+    generation (profiling_context) only for W&B/MLflow/Trackio reporters, not in its log history,
+    so the trainer's own sampling method is wrapped on this instance (``calls`` stays 0 on a TRL
+    without it, and the share is then not reported)."""
+    timing = {"seconds": 0.0, "calls": 0}
+    generate = getattr(trainer, "_generate", None)
+    if generate is None:
+        return timing
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            timing["seconds"] += time.perf_counter() - started
+            timing["calls"] += 1
+
+    trainer._generate = timed
+    return timing
 
 
 # The per-step values of TRL's log a learning curve keeps (TRL's names; absent ones are skipped).
