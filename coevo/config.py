@@ -35,6 +35,12 @@ from pydantic import (
 from pydantic.fields import FieldInfo
 
 PROJECT_PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
+# Params files shipped with coevo (the repository's params.yaml and overlays), which a project's
+# params file names in `extends:` (coevo init writes one that does).
+PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILES = {"defaults": "every knob's default (the repository's params.yaml)",
+            "cpu": "2 CPU cores and the offline small models (params/cpu.yaml)",
+            "demo": "`coevo demo`'s size: the committed sample in under 15 minutes (params/demo.yaml)"}
 TRL_DOCS = "https://huggingface.co/docs/trl"
 
 
@@ -943,6 +949,26 @@ def _unknown_keys(tree: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> list
     return unknown
 
 
+def _extends(layer: dict[str, Any], source: Path) -> list[Path]:
+    """The profiles a params file builds on, in order (its top-level ``extends:``, taken out of it): a
+    project's params.yaml then holds only what it changes, and a coevo upgrade brings its new knobs'
+    defaults. A file without ``extends:`` stands alone and must hold every key."""
+    names = layer.pop("extends", None)
+    if names is None:
+        return []
+    names = [names] if isinstance(names, str) else names
+    known = ", ".join(PROFILES)
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ParamsError(f"{source}: extends: expected a profile name or a list of them ({known})")
+    unknown = [n for n in names if n not in PROFILES]
+    if unknown:
+        raise ParamsError(f"{source}: extends: unknown profile {unknown[0]!r} (coevo ships: {known})")
+    if names[0] != "defaults":
+        raise ParamsError(f"{source}: extends: start with 'defaults' (the others are overlays on it), e.g. "
+                          f"extends: [defaults, {names[0]}]")
+    return [PROFILES_DIR / f"{name}.yaml" for name in names]
+
+
 def _check_keys(tree: Mapping[str, Any], source: Path) -> None:
     unknown = _unknown_keys(tree)
     if unknown:
@@ -1135,6 +1161,10 @@ def load_tree(
     tree: dict[str, Any] = {}
     for path in files:
         layer = _read_yaml(path)
+        for profile in _extends(layer, path):  # what the file builds on comes first
+            base = _read_yaml(profile)
+            _check_keys(base, profile)
+            _merge(tree, base)
         _check_keys(layer, path)  # an unknown key names the file that holds it
         _merge(tree, layer)
     for assignment in [overrides] if isinstance(overrides, str) else overrides or []:

@@ -3,6 +3,8 @@ import sys
 import typing
 
 import pydantic
+import re
+
 import pytest
 import yaml
 
@@ -109,6 +111,26 @@ def test_missing_key_is_an_error_naming_it(params_file):
         load_params(params_file)
     assert "cogr.sft.epochs: required key is missing" in str(err.value)
     assert "evaluation: required key is missing" in str(err.value)
+
+
+def test_a_file_that_extends_the_shipped_profiles_holds_only_its_changes(tmp_path):
+    from coevo.config import PROFILES_DIR, load_tree
+
+    overlay = tmp_path / "params.yaml"
+    overlay.write_text("extends: [defaults, cpu]\ncogr:\n  rounds: 3\n")
+    expected = load_tree([REPO_ROOT / "params.yaml", REPO_ROOT / "params" / "cpu.yaml"], ["cogr.rounds=3"])
+    assert load_tree([overlay]) == expected and "extends" not in expected  # the resolved tree names no profile
+    assert load_params(overlay).cogr.rounds == 3
+    # the shipped profiles are the repository's files (links here, copies in a wheel)
+    for name, path in (("defaults", "params.yaml"), ("cpu", "params/cpu.yaml"), ("demo", "params/demo.yaml")):
+        assert (PROFILES_DIR / f"{name}.yaml").read_bytes() == (REPO_ROOT / path).read_bytes()
+    for text, message in (("extends: gpu\n", "unknown profile 'gpu' (coevo ships: defaults, cpu, demo)"),
+                          ("extends: [cpu]\n", "start with 'defaults'"),
+                          ("extends: {a: 1}\n", "expected a profile name or a list of them"),
+                          ("extends: [defaults]\ncogr:\n  nope: 1\n", "cogr.nope: unknown key")):
+        overlay.write_text(text)
+        with pytest.raises(ParamsError, match=re.escape(message)):
+            load_params(overlay)
 
 
 def test_unknown_override_key_is_named(params_file):

@@ -8,7 +8,7 @@ import os
 
 import typer
 
-from coevo.cli import baseline, data, params, repro, run, search, train
+from coevo.cli import baseline, data, init, params, repro, run, search, train
 
 app = typer.Typer(
     name="coevo",
@@ -40,3 +40,4 @@ app.add_typer(params.app, name="params")
 app.add_typer(repro.app, name="repro")
 run.register_top_level(app)  # `coevo demo`, `coevo ui`
 search.register_top_level(app)  # `coevo search`, `coevo evaluate`, `coevo promote`
+init.register_top_level(app)  # `coevo init`

@@ -124,7 +124,7 @@ def record_run(method: str, params: Params, tree: dict[str, Any], experiment: st
         return Record(method, skipped=reason)
     record = write_record(method, tree, root)
     records = read_records(root)
-    write_text(root / DVC_FILE, render(records))
+    write_text(root / DVC_FILE, render(records, root))
     stages = targets(method, records[method])
     dvc("commit", "--force", "--quiet", *stages, root=root)  # dvc.lock + the outs into DVC's cache
     include = [str(DVC_FILE), "dvc.lock", *(str(record_file(n)) for n in records)]

@@ -77,8 +77,10 @@ def read_records(root: Path = Path(".")) -> dict[str, Params]:
     return {name: load_params([root / record_file(name)]) for name in SPECS if (root / record_file(name)).is_file()}
 
 
-def _code(modules: tuple[str, ...] | list[str]) -> list[str]:
-    return sorted({module_path(m) for m in modules})
+def _code(modules: tuple[str, ...] | list[str], root: Path) -> list[str]:
+    """The modules' files as stage deps where the project holds coevo's code (a clone of coevo); a
+    project on an installed coevo (`coevo init`) has none: there the code is the installed version."""
+    return sorted(path for path in {module_path(m) for m in modules} if (root / path).exists())
 
 
 def _phase_params(method: Method) -> list[str]:
@@ -86,19 +88,19 @@ def _phase_params(method: Method) -> list[str]:
     return sorted(keys, key=lambda k: (k != "seed", k))
 
 
-def data_stages(owner: str, params: Params) -> dict:
+def data_stages(owner: str, params: Params, root: Path = Path(".")) -> dict:
     """``prepare-<dataset>`` and ``validate-<dataset>``, run with ``owner``'s record."""
     lay, record = Layout.of(params, owner), str(record_file(owner))
     run = f"coevo run {owner} -p {record} --stage"
     return {
-        f"prepare-{lay.dataset}": {"cmd": f"{run} prepare", "deps": [str(params.data.source), *_code(PREPARE_CODE)],
+        f"prepare-{lay.dataset}": {"cmd": f"{run} prepare", "deps": [str(params.data.source), *_code(PREPARE_CODE, root)],
                                    "params": [{record: ["seed", "data"]}], "outs": [str(lay.processed)]},
-        f"validate-{lay.dataset}": {"cmd": f"{run} validate", "deps": [str(lay.processed), *_code(VALIDATE_CODE)],
+        f"validate-{lay.dataset}": {"cmd": f"{run} validate", "deps": [str(lay.processed), *_code(VALIDATE_CODE, root)],
                                     "outs": [str(lay.validation_dir)]},
     }
 
 
-def method_stages(name: str, params: Params) -> dict:
+def method_stages(name: str, params: Params, root: Path = Path(".")) -> dict:
     """``<name>-train`` and ``<name>-evaluate``, run with ``name``'s record."""
     cls = method_class(name)
     probe = cls.declared(params)  # phases() reads only the params: no data set is loaded
@@ -107,7 +109,7 @@ def method_stages(name: str, params: Params) -> dict:
     data = [str(lay.processed), str(lay.validation_dir)]
     evaluate_outs = [str(lay.report_dir)] + ([str(lay.index_dir)] if exports_index(cls) else [])
     evaluate: dict = {"cmd": f"{run} evaluate", "deps": [*data, str(lay.run_dir),
-                                                         *_code((*cls.code, *BASELINE_CODE, *REPORT_CODE))],
+                                                         *_code((*cls.code, *BASELINE_CODE, *REPORT_CODE), root)],
                       "params": [{record: ["evaluation"]}], "outs": evaluate_outs, "metrics": [str(lay.metrics_file)]}
     if name in PLOTS:
         evaluate["plots"] = [{str(lay.plots_csv): PLOTS[name]}]
@@ -115,22 +117,22 @@ def method_stages(name: str, params: Params) -> dict:
         evaluate["plots"] = [str(lay.plots_csv)]  # CoGR's: the top-level `plots:`; another method's: DVC's default
     return {
         # checkpoints of every phase; persist: a killed or re-parameterised run resumes
-        f"{name}-train": {"cmd": f"{run} train", "deps": [*data, *_code(cls.code)],
+        f"{name}-train": {"cmd": f"{run} train", "deps": [*data, *_code(cls.code, root)],
                           "params": [{record: _phase_params(probe)}], "outs": [{str(lay.run_dir): {"persist": True}}]},
         f"{name}-evaluate": evaluate,
     }
 
 
-def render(records: Mapping[str, Params]) -> str:
-    """The dvc.yaml of ``records`` (method -> the params its last run resolved)."""
+def render(records: Mapping[str, Params], root: Path = Path(".")) -> str:
+    """The dvc.yaml of ``records`` (method -> the params its last run resolved) for the project at ``root``."""
     stages: dict = {}
     owners: dict[str, str] = {}
     for name in (n for n in SPECS if n in records):  # the first method on a data set owns its data stages
         owners.setdefault(records[name].data.dataset, name)
     for dataset, owner in owners.items():
-        stages.update(data_stages(owner, records[owner]))
+        stages.update(data_stages(owner, records[owner], root))
     for name in (n for n in SPECS if n in records):
-        stages.update(method_stages(name, records[name]))
+        stages.update(method_stages(name, records[name], root))
     doc: dict = {"stages": stages}
     if "cogr" in records:
         doc["plots"] = COGR_PLOTS
