@@ -326,8 +326,8 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def prefect_servers(envs: list[dict[str, str]], scratch: Path) -> Iterator[None]:
     """A Prefect server per job slot, in the slot's PREFECT_HOME, for the whole run: each env gets its
-    URL as ``COEVO_TEST_PREFECT_API_URL`` (the tests wait until it answers). No services or UI: the
-    flows need the API only, as with the ephemeral server a command starts for itself."""
+    URL as ``COEVO_TEST_PREFECT_API_URL`` (the tests wait until it answers). No UI; the services stay
+    on: the task run recorder writes the task runs that the flow tests read back."""
     prefect = Path(sys.executable).parent / "prefect"
     procs: list[subprocess.Popen] = []
     logs = []
@@ -340,8 +340,8 @@ def prefect_servers(envs: list[dict[str, str]], scratch: Path) -> Iterator[None]
             log = open(scratch / f"prefect-server-{i}.log", "w")
             logs.append(log)
             procs.append(subprocess.Popen(
-                [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-services",
-                 "--no-ui"], env={**env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}, stdout=log,
+                [str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+                env={**env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}, stdout=log,
                 stderr=subprocess.STDOUT, start_new_session=True))
         yield
     finally:
