@@ -404,6 +404,20 @@ class CoGRGRPOParams(GRPOParams):
     max_prompts_per_phase: StrictInt | None = Field(
         ge=1, description="Seeded cap on prompts per GRPO phase; null = all training queries (or items)."
     )
+    screen_factor: StrictInt = Field(
+        ge=1, description="Prompt screening (DAPO's dynamic sampling, done once per phase): draw "
+        "max_prompts_per_phase x screen_factor candidates, let the phase's starting policy sample num_generations "
+        "completions for each, and train on the candidates whose rewards differ (a group of equal rewards has zero "
+        "advantage and teaches nothing), filled up with the others; costs one sampling pass over the candidates. "
+        "The phase records what it saw (train.screened_*). 1 = a plain seeded draw.",
+    )
+
+    @model_validator(mode="after")
+    def _screening_has_a_cap(self) -> "CoGRGRPOParams":
+        if self.screen_factor > 1 and self.max_prompts_per_phase is None:
+            raise ValueError("screen_factor > 1 screens max_prompts_per_phase x screen_factor candidates: set "
+                             "max_prompts_per_phase (null trains on every prompt, so there is nothing to choose)")
+        return self
 
     @model_validator(mode="after")
     def _one_step_fits(self) -> "CoGRGRPOParams":

@@ -125,7 +125,8 @@ def reward_calls() -> Iterator[list[dict]]:
 
         def call(self, ids, completions, truncated=None):
             out = original(self, ids, completions, truncated=truncated)
-            calls.append({"side": side, "completions": list(completions), "truncated": truncated, "rewards": out})
+            calls.append({"side": side, "ids": list(ids), "completions": list(completions), "truncated": truncated,
+                          "rewards": out})
             return out
 
         return call
@@ -432,3 +433,40 @@ def test_a_phase_whose_generator_writes_no_keywords_fails_unsaved(toy_dataset, t
                                               r"cogr.max_empty_share = 0.5"):
         run.run_phase("00_sft")
     assert not run.is_done("00_sft") and not (run.phases_dir / "00_sft").exists()
+
+
+def test_screening_puts_prompts_with_differing_rewards_first():
+    from coevo.methods.cogr import screened_first
+
+    groups = [[0.5, 0.5], [0.0, 1.0], [1.0, 1.0], [0.2, 0.0], [0.0, 0.0]]
+    assert screened_first(["a", "b", "c", "d", "e"], groups) == ["b", "d", "a", "c", "e"]
+
+
+@pytest.mark.slow
+def test_a_screened_phase_trains_on_the_prompts_its_policy_disagrees_on(toy_dataset, tmp_path, monkeypatch):
+    """screen_factor 3: 12 candidates, each sampled twice by the phase's starting policy; the phase
+    trains on 4 of them, those whose rewards differed first, and records what it saw."""
+    torch.set_num_threads(1)
+    seen: list[tuple[list[str], list[list[float]]]] = []
+    real = cogr_module.screened_first
+
+    def spy(candidates, groups):
+        seen.append((list(candidates), [list(g) for g in groups]))
+        return real(candidates, groups)
+
+    monkeypatch.setattr(cogr_module, "screened_first", spy)
+    with reward_calls() as calls:
+        rows = CoGR(tmp_path / "run", _params(["cogr.grpo.screen_factor=3"]), toy_dataset, progress=False).run()
+    assert len(seen) == 2  # the query phase (12 of 15 training queries) and the item phase (all 5 items)
+    (candidates, groups), (items, _) = seen
+    assert len(items) == 5
+    assert len(candidates) == len(set(candidates)) == 12 and all(len(g) == 2 for g in groups)
+    train = next(r for r in rows if r["name"] == "01_query")["train"]
+    mixed = [c for c, g in zip(candidates, groups) if max(g) > min(g)]
+    assert train["screened"] == 12 and train["prompts"] == 4
+    assert train["screened_mixed_share"] == len(mixed) / 12
+    assert train["screened_solved_in_all_share"] == sum(min(g) >= 1.0 for g in groups) / 12
+    query_calls = [call for call in calls if call["side"] == "query"]
+    assert query_calls[0]["ids"] == [c for c in candidates for _ in range(2)]  # the screening pass
+    trained = {q for call in query_calls[1:] for q in call["ids"]}
+    assert trained == set(real(candidates, groups)[:4])  # the mixed ones first, then the draw's order

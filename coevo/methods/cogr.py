@@ -28,7 +28,7 @@ import logging
 import shutil
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,6 +128,13 @@ def _grpo_knobs(kind: str) -> tuple[str, ...]:
 # columns by name) hand our reward TRL's ``completion_ids`` keyword argument: the sampled
 # token ids, whose last token tells a completion cut by the token limit (no end of sequence).
 COMPLETION_IDS = "completion_ids"
+
+
+def screened_first(candidates: Sequence[str], groups: Sequence[Sequence[float]]) -> list[str]:
+    """Candidates whose sampled rewards differ (a non-zero advantage for GRPO), in draw order, then the
+    others in draw order: the phase takes the first max_prompts_per_phase."""
+    mixed = [c for c, g in zip(candidates, groups) if max(g) > min(g)]
+    return mixed + [c for c, g in zip(candidates, groups) if max(g) == min(g)]
 
 
 def truncation_flags(generator, max_tokens: int):
@@ -514,7 +521,6 @@ class CoGR(Method):
         with seeded(seed):
             gens = self.generators(index - 1)
         rng = np.random.default_rng(seed)
-        cap = self.cfg.grpo.max_prompts_per_phase
         budget = self.cfg.grpo.max_completion_length
         truncated = truncation_flags(gens[spec.kind], budget)
         # A completion cut by the token limit gets -1 and is never parsed (rewards/cogr.py). It is
@@ -522,18 +528,14 @@ class CoGR(Method):
         # cogr.grpo.trl): its -1 is what teaches the policy to end its list within the budget.
         if spec.kind == QUERY:
             pool = [q for q in self.train_query_ids if q in self.train_qrels]
-            chosen = sorted(rng.choice(pool, size=cap, replace=False)) if cap and cap < len(pool) else pool
             reward = QueryReward(InvertedIndex.from_keyword_sets(keywords["items"]), self.train_qrels, self.cfg.k_max)
 
             def reward_fn(completions: list[str], query_id: list[str], completion_ids=None) -> list[float]:
                 return reward(query_id, completions, truncated=truncated(completion_ids, completions))
 
-            rows = [{"prompt": p, "query_id": q, COMPLETION_IDS: None}
-                    for q, p in zip(chosen, self._query_prompts(list(chosen)))]
-            side_sets = keywords["queries_train"]
+            column, prompts_of, side_sets = "query_id", self._query_prompts, keywords["queries_train"]
         else:
             pool = list(self.item_ids)
-            chosen = sorted(rng.choice(pool, size=cap, replace=False)) if cap and cap < len(pool) else pool
             reward = ItemReward(
                 keywords["queries_train"], keywords["items"], self.train_qrels, self.cfg.k_max, mode=self.cfg.item_reward
             )
@@ -541,10 +543,12 @@ class CoGR(Method):
             def reward_fn(completions: list[str], item_id: list[str], completion_ids=None) -> list[float]:
                 return reward(item_id, completions, truncated=truncated(completion_ids, completions))
 
-            rows = [{"prompt": p, "item_id": i, COMPLETION_IDS: None}
-                    for i, p in zip(chosen, self._item_prompts(list(chosen)))]
-            side_sets = keywords["items"]
+            column, prompts_of, side_sets = "item_id", self._item_prompts, keywords["items"]
         reward_fn.__name__ = f"{spec.kind}_reward"
+        solved_at = 1.0 if spec.kind == QUERY else None  # query reward: set F1 (item side: a marginal gain)
+        chosen, screening = self._phase_prompts(spec, pool, rng, gens[spec.kind], prompts_of,
+                                                lambda texts, ids: reward_fn(texts, **{column: ids}), solved_at, seed)
+        rows = [{"prompt": p, column: key, COMPLETION_IDS: None} for key, p in zip(chosen, prompts_of(list(chosen)))]
         needed = kmax_budget_tokens(gens[spec.kind].tokenizer, side_sets, self.cfg.k_max)
         if needed > budget:
             log.warning("cogr.grpo.max_completion_length=%d cannot hold k_max + 1 = %d keywords (about %d tokens): "
@@ -565,11 +569,47 @@ class CoGR(Method):
                 use_vllm=self.use_vllm,
                 what=f"phase {spec.name}",
                 knob="cogr.grpo",
-                solved_at=1.0 if spec.kind == QUERY else None,  # query reward: set F1 (item side: a marginal gain)
+                solved_at=solved_at,
             )
-        train_metrics = {**result, "prompts": len(rows), "kmax_budget_tokens": needed}
+        train_metrics = {**result, **screening, "prompts": len(rows), "kmax_budget_tokens": needed}
         changed = (QUERY, ITEM) if self.cfg.shared_generator else (spec.kind,)
         return self._finish_phase(spec, gens, changed=changed, train_metrics=train_metrics, started=started)
+
+    def _phase_prompts(
+        self, spec: PhaseSpec, pool: list[str], rng: np.random.Generator, generator: Any,
+        prompts_of: Callable[[list[str]], list[Any]], reward: Callable[[list[str], list[str]], Sequence[float]],
+        solved_at: float | None, seed: int,
+    ) -> tuple[list[str], dict[str, Any]]:
+        """The ids a GRPO phase trains on (sorted) and what screening saw. A seeded draw of
+        ``max_prompts_per_phase``; with ``screen_factor`` > 1, that many times more candidates, each
+        sampled ``num_generations`` times by the phase's starting policy, the ones with differing
+        rewards first (:func:`screened_first`)."""
+        grpo = self.cfg.grpo
+        cap = grpo.max_prompts_per_phase
+        if not cap or cap >= len(pool):
+            return list(pool), {}
+        if grpo.screen_factor == 1:
+            return sorted(rng.choice(pool, size=cap, replace=False)), {}
+        started = time.perf_counter()
+        candidates = [str(c) for c in rng.choice(pool, size=min(len(pool), cap * grpo.screen_factor), replace=False)]
+        size = grpo.num_generations
+        samples = generator.generate(
+            prompts_of(candidates), num_return_sequences=size, temperature=self.cfg.sampling.temperature,
+            top_p=self.cfg.sampling.top_p, max_new_tokens=grpo.max_completion_length, seed=seed, progress=False,
+        )
+        values = list(reward([c for group in samples for c in group], [c for c in candidates for _ in range(size)]))
+        groups = [values[i * size:(i + 1) * size] for i in range(len(candidates))]
+        ranked = screened_first(candidates, groups)
+        self._say(f"phase {spec.name}: screened {len(candidates)} {spec.kind} prompts, "
+                  f"{sum(max(g) > min(g) for g in groups)} with differing rewards")
+        return sorted(ranked[:cap]), {
+            "screened": len(candidates),
+            "screened_mixed_share": sum(max(g) > min(g) for g in groups) / len(groups),
+            "screened_solved_in_none_share": sum(max(g) <= 0.0 for g in groups) / len(groups),
+            "screened_solved_in_all_share": (sum(min(g) >= solved_at for g in groups) / len(groups)
+                                             if solved_at is not None else None),
+            "screen_seconds": time.perf_counter() - started,
+        }
 
     # ------------------------------------------------------ checkpoint + eval
     def _finish_phase(
