@@ -67,6 +67,7 @@ def _files(folder: Path) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.full  # full tier: two gloo ranks train SFT and GRPO through `coevo train` in the test below
 def test_two_cpu_processes_train_sft_and_grpo_like_one(tmp_path):
     two = _launch(2, tmp_path / "two")
     one = _launch(1, tmp_path / "one")

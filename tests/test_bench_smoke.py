@@ -549,6 +549,7 @@ def test_mlflow_page_check(tmp_path):
 # ------------------------------------------------------------------ the README's demo quote
 @pytest.mark.slow
 @pytest.mark.java
+@pytest.mark.full  # full tier: the demo's pipeline runs in test_terminal's `coevo run` and test_init's wheel run
 def test_demo_quote(tmp_path):
     """The quote from a fresh clone of HEAD with the tiny generator: header with numerics and peak memory."""
     out = tmp_path / "demo.txt"

@@ -83,6 +83,7 @@ def test_cogr_item_keywords_are_identical_on_ray(toy, ray_instance, tmp_path, mo
     assert not (tmp_path / "ray" / "scratch").exists(), "the checkpoint saved for the workers was left behind"
 
 
+@pytest.mark.full  # full tier: the same Ray corpus pass as CoGR's below, with the text encoder
 def test_grape_corpus_embeddings_are_identical_on_ray(toy, ray_instance, tmp_path):
     from coevo.methods.grape import Grape
     from coevo.models.encoder import TextRetriever
@@ -97,6 +98,7 @@ def test_grape_corpus_embeddings_are_identical_on_ray(toy, ray_instance, tmp_pat
     assert got["content_hash"] == want["content_hash"]  # ids and float32 bytes of every vector
 
 
+@pytest.mark.full  # full tier: the same Ray generation pass as CoGR's item keywords above
 def test_cohyde_descriptions_are_identical_on_ray(toy, ray_instance, tmp_path):
     from coevo.methods.cohyde import CoHyDE
 

@@ -172,6 +172,7 @@ def test_a_clone_is_a_dvc_project_whose_repro_lists_the_demo_stages_in_order(clo
 
 @needs_git
 @pytest.mark.slow
+@pytest.mark.full  # full tier: tests/test_init.py's wheel run does `dvc repro` of the same data stages for real
 def test_a_clone_reproduces_the_data_stages_for_real(clone, prefect_server):
     root, env = clone
     env = {**env, "PREFECT_API_URL": prefect_server}  # one server for both stages (each would start its own)
