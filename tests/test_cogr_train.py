@@ -51,7 +51,8 @@ OVERRIDES = [
     "cogr.m_item_keywords=3",
 ]
 PHASES = ["seed", "00_sft", "01_query", "02_item"]
-TIMING = ("seconds", "step_time", "tokens_per_s", "peak_gpu_mb")  # wall-clock figures differ between runs
+# wall-clock figures differ between runs
+TIMING = ("seconds", "step_time", "tokens_per_s", "peak_gpu_mb", "rollouts_per_min", "generation_share")
 
 
 def _toy(folder: Path, *, val_relevant: bool = True) -> Path:

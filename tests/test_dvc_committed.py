@@ -79,9 +79,10 @@ def test_the_committed_pipeline_is_the_demo_record_and_its_rendering(tmp_path):
 
 
 def test_the_rewrite_command_reproduces_the_committed_files(tmp_path, monkeypatch, capsys):
-    for path in DEMO_PARAMS:  # a project holding only the params files: the command writes both files
+    for path in DEMO_PARAMS:  # a clone's params files and code: the command writes both files
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO_ROOT / path, tmp_path / path)
+    (tmp_path / "coevo").symlink_to(REPO_ROOT / "coevo")  # the code deps are listed where the project holds the code
     monkeypatch.chdir(tmp_path)
     assert main(["--demo"]) == 0
     assert "wrote records/cogr.yaml" in capsys.readouterr().out

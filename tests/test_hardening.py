@@ -146,7 +146,8 @@ def results(project: Path) -> object:
     shared by CoGR's data sets, so the reference project's holds the last one finished.)"""
     def strip(value):
         if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items() if "seconds" not in k and k not in ("tokens_per_s",)}
+            return {k: strip(v) for k, v in value.items()
+                    if "seconds" not in k and k not in ("tokens_per_s", "rollouts_per_min", "generation_share")}
         if isinstance(value, list):
             return [strip(v) for v in value]
         return value
