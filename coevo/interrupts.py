@@ -7,11 +7,29 @@ sampler, Prefect's event worker) waits on it for good, and joining them hangs th
 once: a `coevo run` still alive 40 minutes after Ctrl-C). The CLI's handler does not raise while
 this thread holds the lock (its repeater raises again two seconds later); a run's tracker frees
 a lock an interrupt left held before it joins its threads.
+
+The same repeater must not raise again once the interrupt is being acted on: a second
+KeyboardInterrupt inside a tracker's clean-up (ending its MLflow run KILLED) or Prefect's (marking
+the flow run crashed) cuts it short, and on a loaded machine, where the clean-up outlasts the
+repeat, the run stayed RUNNING (seen in a fresh-clone CI run with a third process on 2 cores).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+
+_acted_on = threading.Event()
+
+
+def interrupt_acted_on() -> bool:
+    """Whether this process has begun cleaning up after an interrupt (:func:`acting_on_interrupt`)."""
+    return _acted_on.is_set()
+
+
+def acting_on_interrupt() -> None:
+    """Say that the interrupt reached its clean-up: the CLI stops repeating it (for the process's rest)."""
+    _acted_on.set()
 
 
 def logging_lock_held() -> bool:

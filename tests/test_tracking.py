@@ -214,3 +214,30 @@ def test_the_cli_does_not_raise_ctrl_c_inside_a_logging_call_and_raises_it_after
             interrupts.on_signal(signal.SIGINT, None)
     finally:
         interrupts.handled = True
+
+
+def test_a_run_ending_killed_stops_the_cli_repeating_the_interrupt(tmp_path, monkeypatch):
+    """The CLI raises an unanswered Ctrl-C again every REPEAT_S; once a tracker acts on it (ending its run
+    KILLED) it stops, so that no second KeyboardInterrupt cuts that clean-up short on a loaded machine."""
+    import signal
+    import threading
+    import time
+
+    import coevo.interrupts
+    from coevo.cli.common import _Interrupts
+    from coevo.orchestration.tracking import Tracker
+
+    monkeypatch.setattr(coevo.interrupts, "_acted_on", threading.Event())  # this test's, not the process's
+    interrupts = _Interrupts()
+    interrupts.REPEAT_S = 0.2
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with Tracker(uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "mlruns"),
+                         experiment="cogr") as tracker:
+                interrupts.on_signal(signal.SIGINT, None)  # Ctrl-C: raised here, the tracker ends the run
+        time.sleep(1.0)  # five repeat periods: a repeat would raise KeyboardInterrupt in this thread now
+        interrupts.repeater.join(timeout=5)
+        assert not interrupts.repeater.is_alive()
+    finally:
+        interrupts.handled = True
+    assert tracker.client.get_run(tracker.run_id).info.status == "KILLED"

@@ -33,7 +33,7 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from coevo.interrupts import logging_lock_held
+from coevo.interrupts import interrupt_acted_on, logging_lock_held
 
 console = Console()
 err_console = Console(stderr=True)
@@ -85,7 +85,7 @@ class _Interrupts:
         def repeat() -> None:
             while True:
                 time.sleep(self.REPEAT_S)
-                if self.handled or self.signum is None:
+                if self.handled or self.signum is None or interrupt_acted_on():
                     return
                 _thread.interrupt_main(self.signum)
 

@@ -48,7 +48,7 @@ PRECISION_PARAM = "runtime.precision"
 MODEL_TRAINING_VIEW = "workflowType=machine_learning"
 
 from coevo.checks import TrackingError, check_reachable  # noqa: E402,F401 - re-exported for the flows
-from coevo.interrupts import release_interrupted_logging_lock  # noqa: E402
+from coevo.interrupts import acting_on_interrupt, release_interrupted_logging_lock  # noqa: E402
 
 
 def init_tracking_store(uri: str) -> None:
@@ -176,6 +176,7 @@ class Tracker:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is KeyboardInterrupt:
+            acting_on_interrupt()  # no repeated interrupt may cut the KILLED status short (coevo.interrupts)
             release_interrupted_logging_lock()  # before joining the sampler thread, which logs (coevo.interrupts)
         if self.run_id is None or self.attach_to is not None:  # an attached run is its opener's to end
             return
