@@ -584,6 +584,8 @@ class CoGR(Method):
         ``max_prompts_per_phase``; with ``screen_factor`` > 1, that many times more candidates, each
         sampled ``num_generations`` times by the phase's starting policy, the ones with differing
         rewards first (:func:`screened_first`)."""
+        from coevo.train.grpo import GroupOutcomes
+
         grpo = self.cfg.grpo
         cap = grpo.max_prompts_per_phase
         if not cap or cap >= len(pool):
@@ -599,15 +601,16 @@ class CoGR(Method):
         )
         values = list(reward([c for group in samples for c in group], [c for c in candidates for _ in range(size)]))
         groups = [values[i * size:(i + 1) * size] for i in range(len(candidates))]
-        ranked = screened_first(candidates, groups)
-        self._say(f"phase {spec.name}: screened {len(candidates)} {spec.kind} prompts, "
-                  f"{sum(max(g) > min(g) for g in groups)} with differing rewards")
-        return sorted(ranked[:cap]), {
+        seen = GroupOutcomes(size=size, solved_at=solved_at)  # the same counts as the phase's own groups
+        seen.add(values)
+        mixed = seen.groups - seen.zero_std
+        self._say(f"phase {spec.name}: screened {len(candidates)} {spec.kind} prompts, {mixed} with differing rewards")
+        shares = seen.summary()
+        return sorted(screened_first(candidates, groups)[:cap]), {
             "screened": len(candidates),
-            "screened_mixed_share": sum(max(g) > min(g) for g in groups) / len(groups),
-            "screened_solved_in_none_share": sum(max(g) <= 0.0 for g in groups) / len(groups),
-            "screened_solved_in_all_share": (sum(min(g) >= solved_at for g in groups) / len(groups)
-                                             if solved_at is not None else None),
+            "screened_mixed_share": mixed / seen.groups,
+            "screened_solved_in_none_share": shares["groups_solved_in_none_share"],
+            "screened_solved_in_all_share": shares["groups_solved_in_all_share"],
             "screen_seconds": time.perf_counter() - started,
         }
 
