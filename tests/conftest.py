@@ -136,6 +136,12 @@ def shared_prefect_api(timeout_s: float = 180.0) -> str | None:
         time.sleep(0.5)
 
 
+def shared_prefect_env() -> dict[str, str]:
+    """``PREFECT_API_URL`` of the job slot's server for a command's environment ({} without one)."""
+    shared = shared_prefect_api()
+    return {"PREFECT_API_URL": shared} if shared else {}
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
     """One Prefect server for every flow test of the session (each start costs ~15 s): the job slot's

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from coevo.cli import app
 from coevo.cli.common import one_line, user_errors
-from conftest import REPO_ROOT, SAMPLE_DIR, make_project, shared_prefect_api
+from conftest import REPO_ROOT, SAMPLE_DIR, make_project, shared_prefect_env
 
 runner = CliRunner()
 COEVO = str(Path(sys.executable).parent / "coevo")
@@ -53,10 +53,7 @@ def cli_env(project: Path, own_prefect: bool = False) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     env.update(PREFECT_HOME=str(project / ".prefect_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENIZERS_PARALLELISM="false", COLUMNS="200")
-    shared = None if own_prefect else shared_prefect_api()
-    if shared:
-        env["PREFECT_API_URL"] = shared
-    return env
+    return env if own_prefect else {**env, **shared_prefect_env()}
 
 
 def start_cli(project: Path, *args: str, log: str = "cli.log", own_prefect: bool = False) -> subprocess.Popen:

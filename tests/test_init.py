@@ -17,7 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from coevo.cli import app
-from conftest import REPO_ROOT, shared_prefect_api
+from conftest import REPO_ROOT, shared_prefect_env
 
 runner = CliRunner()
 DEMO = [REPO_ROOT / "params.yaml", REPO_ROOT / "params" / "cpu.yaml", REPO_ROOT / "params" / "demo.yaml"]
@@ -115,9 +115,7 @@ def test_a_wheel_installed_coevo_runs_an_initialised_project(wheel_venv, tmp_pat
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("PREFECT_API")}
     env.update(PATH=f"{wheel_venv / 'bin'}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
                PREFECT_HOME=str(tmp_path / "prefect-home"), DVC_NO_ANALYTICS="1", HF_HUB_OFFLINE="1",
-               TRANSFORMERS_OFFLINE="1", PREFECT_SERVER_ANALYTICS_ENABLED="false")
-    if shared_prefect_api():
-        env["PREFECT_API_URL"] = shared_prefect_api()
+               TRANSFORMERS_OFFLINE="1", PREFECT_SERVER_ANALYTICS_ENABLED="false", **shared_prefect_env())
     coevo = str(wheel_venv / "bin" / "coevo")
 
     def sh(*args: str, cwd: Path) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_project, shared_prefect_api
+from conftest import make_project, shared_prefect_env
 
 COEVO = str(Path(sys.executable).parent / "coevo")
 
@@ -78,9 +78,8 @@ def cli(project: Path, *args: str, own_prefect: bool = False) -> subprocess.Comp
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "COEVO_VERBOSE"))}
     env.update(PREFECT_HOME=str(project / ".prefect_home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENIZERS_PARALLELISM="false", COLUMNS="200")
-    shared = None if own_prefect else shared_prefect_api()
-    if shared:
-        env["PREFECT_API_URL"] = shared
+    if not own_prefect:
+        env.update(shared_prefect_env())
     return subprocess.run([COEVO, *args], cwd=project, env=env, capture_output=True, text=True, timeout=900)
 
 
