@@ -38,9 +38,9 @@ PROJECT_PARAMS = Path(__file__).resolve().parents[1] / "params.yaml"
 # Params files shipped with coevo (the repository's params.yaml and overlays), which a project's
 # params file names in `extends:` (coevo init writes one that does).
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
-PROFILES = {"defaults": "every knob's default (the repository's params.yaml)",
-            "cpu": "2 CPU cores and the offline small models (params/cpu.yaml)",
-            "demo": "`coevo demo`'s size: the committed sample in under 15 minutes (params/demo.yaml)"}
+# defaults: params.yaml (every knob); cpu: params/cpu.yaml (2 CPU cores, the offline small models);
+# demo: params/demo.yaml (`coevo demo`'s size: the committed sample in under 15 minutes).
+PROFILES = ("defaults", "cpu", "demo")
 TRL_DOCS = "https://huggingface.co/docs/trl"
 
 

@@ -25,7 +25,7 @@ import yaml
 from prefect import Flow, flow, get_run_logger
 
 from coevo import progress, report
-from coevo.config import Params, load_tree, params_from_tree
+from coevo.config import Params, load_tree, params_from_tree, resolve_params
 from coevo.io import write_json
 from coevo.layout import Layout
 from coevo.methods.base import MONITOR_SPLIT
@@ -129,11 +129,10 @@ def prepare_run(method: str, params_path: str | Sequence[str] = "params.yaml", o
         return ready
     check_stage(stage)
     if resolved is not None:
-        tree, source = resolved, "the resolved params given to the flow"
+        tree, params = resolved, params_from_tree(resolved, source="the resolved params given to the flow",
+                                                  method=method)
     else:
-        paths = _paths(params_path)
-        tree, source = load_tree(paths, list(overrides or [])), " + ".join(str(p) for p in paths)
-    params = params_from_tree(tree, source=source, method=method)
+        params, tree = resolve_params(_paths(params_path), list(overrides or []), method=method)
     return PreparedRun(method, stage, tree, params, Pipeline(method, params))
 
 
